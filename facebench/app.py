@@ -1,0 +1,45 @@
+"""What train.py and prepare.py share: config registration and how a job reports failure."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from facebench import loaders
+from facebench.config import register_configs
+from facebench.errors import FacebenchError
+
+log = logging.getLogger("facebench")
+T = TypeVar("T")
+
+
+def configure() -> None:
+    """Register every schema before Hydra composes the config."""
+    register_configs()
+    loaders.register_schemas()
+
+
+def output_dir() -> Path:
+    return Path(HydraConfig.get().runtime.output_dir)
+
+
+def run_job(task: Callable[[DictConfig, Path], T], cfg: DictConfig) -> T:
+    """Run one job; a user error is one clear line, not a traceback.
+
+    In a single run it exits with status 1. In a multirun it is re-raised, so Hydra marks this job
+    failed and goes on with the others (and exits non-zero at the end).
+    """
+    try:
+        return task(cfg, output_dir())
+    except FacebenchError as error:
+        log.error("%s", error)
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise
+        sys.exit(1)

@@ -1,0 +1,142 @@
+"""Typed schemas behind every Hydra config group.
+
+Each YAML option under conf/ names its schema in its own defaults list, so a typo or a wrong type
+(`n_workers=abc`, `loader.shuffle_buffer=x`) fails when the config is composed, before any work.
+Values that a type cannot express (`batch_size=0`) are checked by `validate`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from facebench.errors import ConfigError
+
+
+@dataclass
+class DataConfig:
+    name: str = MISSING
+    # Folder holding CelebA/ and DigiFace1M/ in the real layout. Empty for the synthetic stand-in,
+    # which then lives in the project's cache folder.
+    root: str = ""
+    # Synthetic stand-in only: how many images to generate (22% CelebA-like, 78% DigiFace-like).
+    n_images: int = 0
+    # Synthetic stand-in only: the generator's seed (the training seed is the top-level `seed`).
+    seed: int = 0
+    # Where generated data and shards go; empty means <project root>/.cache.
+    cache_dir: str = ""
+
+
+@dataclass
+class LoaderConfig:
+    """Options every loader understands; a loader with more subclasses this in its module."""
+
+    name: str = MISSING
+    # "random" is the seed's RandomCrop(100); "center" makes every loader deterministic (tests).
+    crop: str = "random"
+    # Batches each DataLoader worker keeps ready; torch's default is 2.
+    prefetch_factor: int = 2
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+
+
+@dataclass
+class AmpConfig:
+    # auto: fp16 with GradScaler on CUDA, bf16 autocast on CPU.
+    mode: str = MISSING
+
+
+@dataclass
+class CommonConfig:
+    """Keys that train.py and prepare.py share, so the same overrides mean the same thing."""
+
+    data: DataConfig = MISSING
+    # DataLoader workers in train.py; decoding processes in prepare.py.
+    n_workers: int = 5
+    seed: int = 0
+    # Samples per shard (the seed used 10,000).
+    shard_size: int = 10_000
+    # Where shards are written and read; empty means <data folder>/facebench-shards.
+    shards_dir: str = ""
+
+
+@dataclass
+class TrainConfig(CommonConfig):
+    loader: LoaderConfig = MISSING
+    model: ModelConfig = MISSING
+    amp: AmpConfig = MISSING
+    batch_size: int = 600
+    epochs: int = 1
+    # 0 runs the whole epoch; N stops each epoch after N batches.
+    max_batches: int = 0
+    # auto | cpu | cuda | cuda:N
+    device: str = "auto"
+    # Record the run in MLflow; false runs with no tracking at all.
+    tracking: bool = True
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+
+
+@dataclass
+class PrepareConfig(CommonConfig):
+    # Shard format to write.
+    format: str = "pickle"
+
+
+AMP_MODES = ("auto", "fp16", "bf16", "off")
+MODELS = ("resnet50", "resnet18", "none")
+CROPS = ("random", "center")
+_DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+
+
+def register_configs() -> None:
+    """Put the schemas where the YAML files' defaults lists can find them."""
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    cs.store(name="prepare_schema", node=PrepareConfig)
+    cs.store(group="data", name="data_schema", node=DataConfig)
+    cs.store(group="loader", name="loader_schema", node=LoaderConfig)
+    cs.store(group="model", name="model_schema", node=ModelConfig)
+    cs.store(group="amp", name="amp_schema", node=AmpConfig)
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check the values a type cannot: one clear line per mistake, naming the key."""
+    problems: list[str] = []
+
+    def positive(key: str) -> None:
+        value = OmegaConf.select(cfg, key)
+        if value is not None and value < 1:
+            problems.append(f"{key}={value}: must be at least 1")
+
+    for key in ("batch_size", "epochs", "shard_size", "loader.prefetch_factor"):
+        positive(key)
+    for key in ("n_workers", "max_batches"):
+        value = OmegaConf.select(cfg, key)
+        if value is not None and value < 0:
+            problems.append(f"{key}={value}: must be 0 or more")
+    device = OmegaConf.select(cfg, "device")
+    if device is not None and not _DEVICE.match(device):
+        problems.append(f"device={device}: use auto, cpu, cuda or cuda:N")
+    choices = {"amp.mode": AMP_MODES, "model.name": MODELS, "loader.crop": CROPS}
+    for key, allowed in choices.items():
+        value = OmegaConf.select(cfg, key)
+        if value is not None and value not in allowed:
+            problems.append(f"{key}={value}: use one of {', '.join(allowed)}")
+    data = cfg.data
+    if data.name == "synthetic" and data.n_images < 1:
+        problems.append(f"data.n_images={data.n_images}: the synthetic set needs at least 1 image")
+    if data.name != "synthetic" and not data.root:
+        problems.append(
+            f"data.root is empty: data={data.name} reads a real dataset; "
+            "pass data.root=/path/to/folder/holding/CelebA/and/DigiFace1M"
+        )
+    if problems:
+        raise ConfigError("invalid config: " + "; ".join(problems))

@@ -1,0 +1,1 @@
+"""The two face datasets in their real layouts, their labels, and the synthetic stand-in."""

@@ -1,0 +1,189 @@
+"""CelebA (aligned) and DigiFace1M read from their real layouts, with one label space.
+
+    <root>/CelebA/identity_CelebA.txt          "000001.jpg 2880" per line, identities 1-based
+    <root>/CelebA/img_align_celeba/000001.jpg  178x218 RGB JPEG
+    <root>/DigiFace1M/<identity>/<n>.png        112x112 RGBA PNG
+
+Labels: CelebA identity k -> k - 1; DigiFace folder f -> n_celeba + f, where n_celeba is the largest
+CelebA identity. The seed kept CelebA's 1-based identities as labels and offset DigiFace by 10177,
+so CelebA identity 10177 and DigiFace folder 0 shared a label; this scheme has no collision.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+from facebench.errors import DataError
+
+log = logging.getLogger(__name__)
+
+CELEBA = "CelebA"
+DIGIFACE = "DigiFace1M"
+CELEBA_LABELS = "identity_CelebA.txt"
+CELEBA_IMAGES = "img_align_celeba"
+DIGIFACE_SUFFIX = ".png"
+
+
+class Record(NamedTuple):
+    """One sample: where its file is, its class, and which source it comes from."""
+
+    path: str
+    label: int
+    source: str
+
+
+@dataclass(frozen=True)
+class LabelSpace:
+    n_celeba: int  # the largest CelebA identity: CelebA labels are 0 .. n_celeba - 1
+    n_digiface: int  # the largest DigiFace folder number + 1
+
+    @property
+    def n_classes(self) -> int:
+        return self.n_celeba + self.n_digiface
+
+    def celeba_label(self, identity: int) -> int:
+        return identity - 1
+
+    def digiface_label(self, folder: int) -> int:
+        return self.n_celeba + folder
+
+
+@dataclass(frozen=True)
+class DigiFaceListing:
+    files: list[tuple[int, str]]  # (folder number, path), in folder then file-name order
+    ignored: int  # files that are not PNG images, skipped by every loader alike
+
+
+def _require_dir(path: Path, what: str) -> None:
+    if not path.is_dir():
+        raise DataError(
+            f"{path}: {what} not found. data.root must hold CelebA/ and DigiFace1M/ "
+            "in the layout described in the README"
+        )
+
+
+def celeba_identities(root: str | os.PathLike) -> list[tuple[str, int]]:
+    """(file name, identity) for every line of identity_CelebA.txt, in file order.
+
+    Tolerates what real copies carry: CRLF line ends, trailing spaces, blank lines and a missing
+    final newline. Anything else malformed stops with the file and line number.
+    """
+    celeba = Path(root) / CELEBA
+    _require_dir(Path(root), "data.root")
+    _require_dir(celeba, "the CelebA folder")
+    labels_path = celeba / CELEBA_LABELS
+    if not labels_path.is_file():
+        raise DataError(f"{labels_path}: CelebA label file not found")
+    entries: list[tuple[str, int]] = []
+    with open(labels_path, encoding="utf-8", newline=None) as lines:
+        for line_number, line in enumerate(lines, start=1):
+            fields = line.split()
+            if not fields:
+                continue
+            where = f"{labels_path}:{line_number}"
+            if len(fields) != 2:
+                raise DataError(
+                    f"{where}: expected '<image name> <identity>', got {line.rstrip()!r}; "
+                    "fix or remove that line"
+                )
+            name, identity_text = fields
+            try:
+                identity = int(identity_text)
+            except ValueError:
+                raise DataError(
+                    f"{where}: identity {identity_text!r} is not an integer; fix that line"
+                ) from None
+            if identity < 1:
+                raise DataError(f"{where}: identity {identity} must be 1 or more (1-based)")
+            # A name with a separator could point outside data.root.
+            if os.sep in name or "/" in name or name in (".", ".."):
+                raise DataError(f"{where}: image name {name!r} must be a plain file name")
+            entries.append((name, identity))
+    if not entries:
+        raise DataError(f"{labels_path}: no labelled images; is this the right file?")
+    return entries
+
+
+def _digiface_folders(root: str | os.PathLike) -> list[tuple[int, str]]:
+    """(identity, path) of every folder in DigiFace1M/, sorted by identity."""
+    _require_dir(Path(root), "data.root")
+    digiface = Path(root) / DIGIFACE
+    _require_dir(digiface, "the DigiFace1M folder")
+    folders: list[tuple[int, str]] = []
+    with os.scandir(digiface) as entries:
+        for entry in entries:
+            if not entry.is_dir():
+                continue
+            try:
+                folders.append((int(entry.name), entry.path))
+            except ValueError:
+                raise DataError(
+                    f"{entry.path}: DigiFace1M folder names are integer identities; "
+                    "move this folder out of DigiFace1M/"
+                ) from None
+    return sorted(folders)
+
+
+def list_digiface(root: str | os.PathLike) -> DigiFaceListing:
+    """Every PNG under DigiFace1M/<integer folder>/, in a fixed order."""
+    files: list[tuple[int, str]] = []
+    ignored = 0
+    for number, folder in _digiface_folders(root):
+        for name in sorted(os.listdir(folder)):
+            if name.lower().endswith(DIGIFACE_SUFFIX):
+                files.append((number, os.path.join(folder, name)))
+            else:
+                ignored += 1
+    if ignored:
+        log.info("%s: ignored %d files that are not .png", Path(root) / DIGIFACE, ignored)
+    return DigiFaceListing(files=files, ignored=ignored)
+
+
+def _label_space(identities: list[tuple[str, int]], root: str | os.PathLike) -> LabelSpace:
+    numbers = [number for number, _ in _digiface_folders(root)]
+    return LabelSpace(
+        n_celeba=max(identity for _, identity in identities),
+        n_digiface=numbers[-1] + 1 if numbers else 0,
+    )
+
+
+def label_space(root: str | os.PathLike) -> LabelSpace:
+    """The class count, cheaply: the label file and DigiFace's folder names, no image listing."""
+    return _label_space(celeba_identities(root), root)
+
+
+def celeba_records(
+    root: str | os.PathLike, labels: LabelSpace, identities: list[tuple[str, int]] | None = None
+) -> list[Record]:
+    images = Path(root) / CELEBA / CELEBA_IMAGES
+    _require_dir(images, "the CelebA image folder img_align_celeba")
+    prefix = str(images)
+    return [
+        Record(os.path.join(prefix, name), labels.celeba_label(identity), CELEBA)
+        for name, identity in (identities or celeba_identities(root))
+    ]
+
+
+def digiface_records(root: str | os.PathLike, labels: LabelSpace) -> list[Record]:
+    return [
+        Record(path, labels.digiface_label(folder), DIGIFACE)
+        for folder, path in list_digiface(root).files
+    ]
+
+
+def digiface_record(path: str, labels: LabelSpace) -> Record:
+    """The record of one DigiFace file found by a file lister: label from its folder name."""
+    folder = int(os.path.basename(os.path.dirname(path)))
+    return Record(path, labels.digiface_label(folder), DIGIFACE)
+
+
+def read_records(root: str | os.PathLike) -> tuple[list[Record], LabelSpace]:
+    """All samples, CelebA first, then DigiFace1M, with the label space they share."""
+    identities = celeba_identities(root)
+    labels = _label_space(identities, root)
+    records = celeba_records(root, labels, identities) + digiface_records(root, labels)
+    return records, labels

@@ -1,0 +1,138 @@
+"""The synthetic stand-in: CelebA- and DigiFace1M-like files written in the real layouts.
+
+Because the stand-in is a real-layout tree on disk, the code that reads real data is the code that
+runs and is tested. It is generated once per (size, seed, generator version) into the cache and
+reused; a half-written tree is never mistaken for a whole one, because it only takes its final
+name, by an atomic rename, once complete.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from facebench.data.sources import CELEBA, CELEBA_IMAGES, CELEBA_LABELS, DIGIFACE
+from facebench.data.synthetic_images import celeba_like_jpeg, digiface_like_png
+from facebench.progress import progress
+
+log = logging.getLogger(__name__)
+
+# Bump when the generated files change, so old caches are not reused.
+GENERATOR_VERSION = 1
+CELEBA_SHARE = 0.22  # 202,599 of 922,599 real images
+CELEBA_PER_IDENTITY = 20  # real CelebA: about 20 images per identity
+DIGIFACE_PER_IDENTITY = 72  # real DigiFace1M (720k part): 72 per identity
+_CHUNK = 500
+
+
+@dataclass(frozen=True)
+class SyntheticPlan:
+    """Which file gets which identity; everything follows from (n_images, seed)."""
+
+    n_images: int
+    seed: int
+
+    @property
+    def n_celeba(self) -> int:
+        return max(1, round(CELEBA_SHARE * self.n_images)) if self.n_images > 1 else 1
+
+    @property
+    def n_digiface(self) -> int:
+        return self.n_images - self.n_celeba
+
+    @property
+    def n_celeba_identities(self) -> int:
+        return max(1, math.ceil(self.n_celeba / CELEBA_PER_IDENTITY))
+
+    def celeba_identities(self) -> np.ndarray:
+        """1-based identity of each CelebA-like image, in file order, shuffled like the real set."""
+        rng = np.random.default_rng([self.seed, GENERATOR_VERSION])
+        return 1 + rng.permutation(self.n_celeba) % self.n_celeba_identities
+
+    def digiface_position(self, index: int) -> tuple[int, int]:
+        """(folder, image number) of the index-th DigiFace-like image."""
+        return divmod(index, DIGIFACE_PER_IDENTITY)
+
+
+def synthetic_root(cache: Path, n_images: int, seed: int) -> Path:
+    return cache / "synthetic" / f"n{n_images}-seed{seed}-v{GENERATOR_VERSION}"
+
+
+def ensure_synthetic(cache: Path, n_images: int, seed: int = 0, n_procs: int = 0) -> Path:
+    """The root of a synthetic tree of n_images, generated first if it is not in the cache."""
+    root = synthetic_root(cache, n_images, seed)
+    if root.is_dir():
+        log.info("synthetic data: reusing %s", root)
+        return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    staging = root.parent / f".{root.name}.partial-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    log.info("synthetic data: generating %d images into %s", n_images, root)
+    _generate(staging, SyntheticPlan(n_images, seed), n_procs or os.cpu_count() or 1)
+    try:
+        staging.rename(root)
+    except OSError:
+        # Another job finished the same tree first; theirs is identical.
+        shutil.rmtree(staging, ignore_errors=True)
+        if not root.is_dir():
+            raise
+    return root
+
+
+def _generate(staging: Path, plan: SyntheticPlan, n_procs: int) -> None:
+    images = staging / CELEBA / CELEBA_IMAGES
+    images.mkdir(parents=True)
+    identities = plan.celeba_identities()
+    names = [f"{index + 1:06d}.jpg" for index in range(plan.n_celeba)]
+    with open(staging / CELEBA / CELEBA_LABELS, "w", encoding="utf-8") as labels:
+        labels.writelines(
+            f"{name} {identity}\n" for name, identity in zip(names, identities, strict=True)
+        )
+    digiface = staging / DIGIFACE
+    for folder in range(math.ceil(plan.n_digiface / DIGIFACE_PER_IDENTITY)):
+        (digiface / str(folder)).mkdir(parents=True)
+    digiface.mkdir(parents=True, exist_ok=True)
+
+    tasks = [
+        (CELEBA, str(staging), plan, start, min(start + _CHUNK, plan.n_celeba))
+        for start in range(0, plan.n_celeba, _CHUNK)
+    ] + [
+        (DIGIFACE, str(staging), plan, start, min(start + _CHUNK, plan.n_digiface))
+        for start in range(0, plan.n_digiface, _CHUNK)
+    ]
+    if n_procs == 1 or len(tasks) == 1:
+        done = map(_write_chunk, tasks)
+        for _ in progress(done, plan.n_images, "generating", "images", log):
+            pass
+        return
+    with ProcessPoolExecutor(max_workers=n_procs) as pool:
+        written = pool.map(_write_chunk, tasks)
+        counted = (n for count in written for n in range(count))
+        for _ in progress(counted, plan.n_images, "generating", "images", log):
+            pass
+
+
+def _write_chunk(task: tuple[str, str, SyntheticPlan, int, int]) -> int:
+    source, staging, plan, start, stop = task
+    if source == CELEBA:
+        identities = plan.celeba_identities()
+        folder = os.path.join(staging, CELEBA, CELEBA_IMAGES)
+        for index in range(start, stop):
+            data = celeba_like_jpeg(int(identities[index]), index, plan.seed)
+            with open(os.path.join(folder, f"{index + 1:06d}.jpg"), "wb") as file:
+                file.write(data)
+    else:
+        for index in range(start, stop):
+            identity, number = plan.digiface_position(index)
+            data = digiface_like_png(identity, number, plan.seed)
+            path = os.path.join(staging, DIGIFACE, str(identity), f"{number}.png")
+            with open(path, "wb") as file:
+                file.write(data)
+    return stop - start

@@ -1,0 +1,67 @@
+"""Choosing the device and the mixed-precision mode, and reading the clock honestly."""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import dataclass
+
+import torch
+
+from facebench.errors import ConfigError
+
+
+def resolve_device(requested: str) -> torch.device:
+    """auto -> the first CUDA device when there is one, else the CPU."""
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(requested)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device={requested}: no CUDA device here; use device=cpu or auto")
+        index = device.index or 0
+        if index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"device={requested}: only {torch.cuda.device_count()} CUDA device(s) here"
+            )
+        return torch.device("cuda", index)
+    return device
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued device work, so that a clock read afterwards means what it says."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def now(device: torch.device) -> float:
+    synchronize(device)
+    return time.perf_counter()
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How the forward pass runs: an autocast dtype (or none), and whether to scale the loss."""
+
+    name: str  # fp16 | bf16 | fp32
+    dtype: torch.dtype | None
+    scale_loss: bool
+
+
+def resolve_precision(mode: str, device: torch.device) -> Precision:
+    """auto: fp16 with GradScaler on CUDA (as the seed), bf16 on CPU (fp16 there is slow)."""
+    if mode == "auto":
+        mode = "fp16" if device.type == "cuda" else "bf16"
+    if mode == "fp16":
+        return Precision("fp16", torch.float16, scale_loss=True)
+    if mode == "bf16":
+        return Precision("bf16", torch.bfloat16, scale_loss=False)
+    if mode == "off":
+        return Precision("fp32", None, scale_loss=False)
+    raise ConfigError(f"amp={mode}: use auto, fp16, bf16 or off")

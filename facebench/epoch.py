@@ -1,0 +1,132 @@
+"""The model, its optimizer and mixed precision, and the timed epoch loop.
+
+The loop never reads a value back from the device per batch (no `.item()`, no printing the loss):
+such a read waits for the GPU and would hide exactly the stalls facebench measures. Losses stay on
+the device and are read once, after the clock stops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+import torchvision
+
+from facebench.device import Precision
+from facebench.loaders.base import Batch
+from facebench.meter import EpochMeter, EpochTimes
+
+
+@dataclass
+class Trainer:
+    """One training step of an image classifier, in channels_last and mixed precision."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    criterion: torch.nn.Module
+    scaler: torch.amp.GradScaler
+    precision: Precision
+    device: torch.device
+
+    def step(self, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        images = images.to(self.device, non_blocking=True, memory_format=torch.channels_last)
+        targets = targets.to(self.device, non_blocking=True)
+        autocast = (
+            torch.autocast(self.device.type, dtype=self.precision.dtype)
+            if self.precision.dtype is not None
+            else nullcontext()
+        )
+        with autocast:
+            loss = self.criterion(self.model(images), targets)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+
+def build_trainer(
+    model_name: str,
+    n_classes: int,
+    device: torch.device,
+    precision: Precision,
+    lr: float = 0.1,
+    momentum: float = 0.9,
+    weight_decay: float = 1e-4,
+) -> Trainer:
+    """A torchvision model from scratch (weights=None: nothing is downloaded) and SGD."""
+    model = getattr(torchvision.models, model_name)(weights=None, num_classes=n_classes)
+    model = model.to(device, memory_format=torch.channels_last).train()
+    # The fused SGD kernel takes the GradScaler's inf check on the device; the plain one makes
+    # GradScaler read it back with .item(), a device sync every step.
+    fused = device.type == "cuda"
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay, fused=fused
+    )
+    return Trainer(
+        model=model,
+        optimizer=optimizer,
+        criterion=torch.nn.CrossEntropyLoss(),
+        scaler=torch.amp.GradScaler(device.type, enabled=precision.scale_loss),
+        precision=precision,
+        device=device,
+    )
+
+
+@dataclass
+class EpochResult:
+    times: EpochTimes
+    loss_first: float | None
+    loss_last: float | None
+
+    def metrics(self) -> dict[str, float]:
+        metrics = self.times.metrics()
+        if self.loss_first is not None and self.loss_last is not None:
+            metrics["loss_first"] = self.loss_first
+            metrics["loss_last"] = self.loss_last
+        return metrics
+
+
+def run_epoch(
+    build_loader: Callable[[], Iterable[Batch]],
+    trainer: Trainer | None,
+    device: torch.device,
+    max_batches: int = 0,
+) -> EpochResult:
+    """One timed epoch. `trainer=None` is loader-only mode: batches are only moved to the device.
+
+    The clock starts before the loader is built, so worker start-up counts, as in the seed.
+    """
+    meter = EpochMeter(device)
+    meter.start()
+    batches = iter(build_loader())
+    first_loss: torch.Tensor | None = None
+    last_loss: torch.Tensor | None = None
+    try:
+        while True:
+            asked_at = meter.waiting()
+            try:
+                images, targets = next(batches)
+            except StopIteration:
+                break
+            meter.batch(asked_at, images.shape[0])
+            if trainer is None:
+                images.to(device, non_blocking=True)
+                targets.to(device, non_blocking=True)
+            else:
+                last_loss = trainer.step(images, targets)
+                if first_loss is None:
+                    first_loss = last_loss
+            if max_batches and meter.n_batches >= max_batches:
+                break
+        times = meter.stop()
+    finally:
+        # Shut worker processes down now (the iterator's finalizer does it), not at exit.
+        del batches
+    return EpochResult(
+        times=times,
+        loss_first=first_loss.item() if first_loss is not None else None,
+        loss_last=last_loss.item() if last_loss is not None else None,
+    )

@@ -1,0 +1,43 @@
+"""The seed's first pipeline: a map-style Dataset per source, concatenated, shuffled by index.
+
+Every sample is a random access to one small file: open, decode, crop, transform.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+from torch.utils.data import ConcatDataset, Dataset
+
+from facebench.config import LoaderConfig
+from facebench.data.images import open_sample
+from facebench.data.sources import Record, celeba_records, digiface_records
+from facebench.loaders.base import Batch, LoaderContext, data_loader
+
+Options = LoaderConfig
+
+
+class RecordDataset(Dataset):
+    """One source's samples by index, as the seed's CelebADataset and DigiFace1M classes."""
+
+    def __init__(self, records: list[Record], transform: Callable) -> None:
+        self.records = records
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        record = self.records[index]
+        return self.transform(open_sample(record.path, record.source)), record.label
+
+
+def build(ctx: LoaderContext) -> Iterable[Batch]:
+    dataset = ConcatDataset(
+        [
+            RecordDataset(celeba_records(ctx.data_root, ctx.labels), ctx.transform),
+            RecordDataset(digiface_records(ctx.data_root, ctx.labels), ctx.transform),
+        ]
+    )
+    return data_loader(dataset, ctx, shuffle=True)

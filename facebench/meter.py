@@ -1,0 +1,102 @@
+"""Timing one epoch: when it started, when each batch arrived, how long the loop waited for it.
+
+The loop calls `start` before the loader is built (so worker start-up is inside the epoch, as in
+the seed), `batch` after each `next(loader)`, and `stop` after the last step, which synchronizes
+the device first. Nothing here touches the device per batch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from facebench.device import now
+
+# Batches excluded from the steady-state rate, with the wait for the first batch after them: worker
+# start-up, first-touch allocations, cuDNN autotuning. A tenth of the epoch, 1 to 20 batches.
+WARMUP_FRACTION = 0.1
+WARMUP_MAX_BATCHES = 20
+
+
+@dataclass
+class EpochTimes:
+    epoch_time_s: float
+    time_to_first_batch_s: float
+    data_wait_s: float
+    samples_seen: int
+    batches: int
+    warmup_batches: int
+    steady_images_per_s: float
+
+    @property
+    def images_per_s(self) -> float:
+        return self.samples_seen / self.epoch_time_s if self.epoch_time_s > 0 else 0.0
+
+    @property
+    def data_wait_frac(self) -> float:
+        return min(1.0, self.data_wait_s / self.epoch_time_s) if self.epoch_time_s > 0 else 0.0
+
+    @property
+    def compute_s(self) -> float:
+        """Time not spent waiting for data: moving batches, the model's steps, loop overhead."""
+        return max(0.0, self.epoch_time_s - self.data_wait_s)
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "epoch_time_s": self.epoch_time_s,
+            "images_per_s": self.images_per_s,
+            "samples_seen": float(self.samples_seen),
+            "batches": float(self.batches),
+            "time_to_first_batch_s": self.time_to_first_batch_s,
+            "steady_images_per_s": self.steady_images_per_s,
+            "warmup_batches": float(self.warmup_batches),
+            "data_wait_s": self.data_wait_s,
+            "data_wait_frac": self.data_wait_frac,
+            "compute_s": self.compute_s,
+        }
+
+
+@dataclass
+class EpochMeter:
+    device: torch.device
+    _start: float = 0.0
+    _arrivals: list[float] = field(default_factory=list)  # when each batch was in hand
+    _sizes: list[int] = field(default_factory=list)
+    _wait: float = 0.0
+
+    def start(self) -> None:
+        self._start = now(self.device)
+
+    @property
+    def n_batches(self) -> int:
+        return len(self._sizes)
+
+    def waiting(self) -> float:
+        """Call just before `next(loader)`; pass the result to `batch`."""
+        return time.perf_counter()
+
+    def batch(self, asked_at: float, n_samples: int) -> None:
+        arrived = time.perf_counter()
+        self._wait += arrived - asked_at
+        self._arrivals.append(arrived)
+        self._sizes.append(n_samples)
+
+    def stop(self) -> EpochTimes:
+        end = now(self.device)
+        n = len(self._sizes)
+        warmup = min(WARMUP_MAX_BATCHES, max(1, int(n * WARMUP_FRACTION))) if n > 1 else 0
+        steady = 0.0
+        if n and end > self._arrivals[warmup]:
+            # From the moment batch `warmup` was in hand: its step and every later wait and step.
+            steady = sum(self._sizes[warmup:]) / (end - self._arrivals[warmup])
+        return EpochTimes(
+            epoch_time_s=end - self._start,
+            time_to_first_batch_s=(self._arrivals[0] - self._start) if n else end - self._start,
+            data_wait_s=self._wait,
+            samples_seen=sum(self._sizes),
+            batches=n,
+            warmup_batches=warmup,
+            steady_images_per_s=steady,
+        )

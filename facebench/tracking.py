@@ -1,0 +1,152 @@
+"""MLflow: one run per job in the `facebench` experiment, in a SQLite store at the project root.
+
+The store is `sqlite:///<project root>/mlflow.db` whatever the working directory (a relative URI
+would give every Hydra job its own database); MLFLOW_TRACKING_URI overrides it. Artifacts go in a
+`mlruns/` folder beside the database.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from facebench.errors import TrackingError
+from facebench.paths import PROJECT_ROOT
+
+log = logging.getLogger(__name__)
+
+EXPERIMENT = "facebench"
+_PARAM_LIMIT = 6000  # MLflow's longest param value
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{PROJECT_ROOT / 'mlflow.db'}"
+
+
+def artifact_root(uri: str) -> str | None:
+    """`mlruns/` beside a SQLite store; for a server, let the server decide."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri.removeprefix("sqlite:///")).parent / "mlruns").as_uri()
+    return None
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'loader': {'name': 'x'}} -> {'loader.name': 'x'}, for MLflow params."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def git_commit() -> str:
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=PROJECT_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return result.stdout.strip() or "unknown"
+
+
+class Tracker:
+    """The run of one job. `Tracker(enabled=False)` records nothing and costs nothing."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.run_id: str | None = None
+
+    @contextmanager
+    def run(
+        self, name: str, params: Mapping[str, Any], tags: Mapping[str, str]
+    ) -> Iterator[Tracker]:
+        """Open a run; it ends FINISHED, FAILED on an error, KILLED on Ctrl-C."""
+        if not self.enabled:
+            yield self
+            return
+        import mlflow
+
+        uri = tracking_uri()
+        try:
+            mlflow.set_tracking_uri(uri)
+            experiment_id = _experiment_id(mlflow, uri)
+            active = mlflow.start_run(experiment_id=experiment_id, run_name=name, tags=dict(tags))
+        except Exception as error:  # MLflow raises many types for a bad store
+            raise TrackingError(
+                f"MLflow store {uri} cannot be used: {error}. Check that it is writable, "
+                "set MLFLOW_TRACKING_URI to another store, or run with tracking=false"
+            ) from error
+        self.run_id = active.info.run_id
+        log.info("MLflow run %s (%s) in %s", name, self.run_id, uri)
+        status = "FAILED"
+        try:
+            self.log_params(params)
+            yield self
+            status = "FINISHED"
+        except KeyboardInterrupt:
+            status = "KILLED"
+            raise
+        finally:
+            mlflow.end_run(status=status)
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        if not self.enabled:
+            return
+        import mlflow
+
+        mlflow.log_params({key: str(value)[:_PARAM_LIMIT] for key, value in params.items()})
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        if not self.enabled:
+            return
+        import mlflow
+
+        mlflow.log_metrics(dict(metrics), step=step)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        if not self.enabled:
+            return
+        import mlflow
+
+        mlflow.set_tags(dict(tags))
+
+    def log_artifact(self, path: Path) -> None:
+        if not self.enabled:
+            return
+        import mlflow
+
+        mlflow.log_artifact(str(path))
+
+
+def _experiment_id(mlflow: Any, uri: str) -> str:
+    experiment = mlflow.get_experiment_by_name(EXPERIMENT)
+    if experiment is not None:
+        return experiment.experiment_id
+    try:
+        return mlflow.create_experiment(EXPERIMENT, artifact_location=artifact_root(uri))
+    except Exception:
+        # Another job of the same sweep created it a moment ago.
+        experiment = mlflow.get_experiment_by_name(EXPERIMENT)
+        if experiment is None:
+            raise
+        return experiment.experiment_id
+
+
+def write_results(path: Path, results: Mapping[str, Any]) -> None:
+    """The run's results as JSON, so nothing measured depends on the tracking store."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n", encoding="utf-8")

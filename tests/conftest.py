@@ -1,0 +1,105 @@
+"""Shared fixtures: real-layout trees on disk, and configs composed the way train.py does."""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+from PIL import Image
+
+from facebench.app import configure
+from facebench.data.synthetic import ensure_synthetic
+from facebench.paths import PROJECT_ROOT
+
+CONF_DIR = str(PROJECT_ROOT / "conf")
+
+configure()
+
+
+def _image_bytes(mode: str, size: tuple[int, int], seed: int, fmt: str) -> bytes:
+    rng = np.random.default_rng(seed)
+    channels = len(mode)
+    pixels = rng.integers(0, 256, size=(size[1], size[0], channels), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels, mode).save(buffer, format=fmt)
+    return buffer.getvalue()
+
+
+def write_tree(
+    root: Path,
+    celeba: dict[str, int],
+    digiface: dict[int, int],
+    label_text: str | None = None,
+) -> Path:
+    """A real-layout tree: CelebA images named in `celeba` (name -> identity) and
+    `digiface[folder]` PNGs per folder. `label_text` replaces the generated label file."""
+    images = root / "CelebA" / "img_align_celeba"
+    images.mkdir(parents=True)
+    for index, name in enumerate(celeba):
+        (images / name).write_bytes(_image_bytes("RGB", (178, 218), index, "JPEG"))
+    if label_text is None:
+        label_text = "".join(f"{name} {identity}\n" for name, identity in celeba.items())
+    (root / "CelebA" / "identity_CelebA.txt").write_bytes(label_text.encode())
+    for folder, count in digiface.items():
+        path = root / "DigiFace1M" / str(folder)
+        path.mkdir(parents=True)
+        for number in range(count):
+            data = _image_bytes("RGBA", (112, 112), 1000 * (folder + 1) + number, "PNG")
+            (path / f"{number}.png").write_bytes(data)
+    (root / "DigiFace1M").mkdir(parents=True, exist_ok=True)
+    return root
+
+
+@pytest.fixture
+def tree_factory(tmp_path: Path) -> Callable[..., Path]:
+    counter = iter(range(1000))
+
+    def make(**kwargs) -> Path:
+        return write_tree(tmp_path / f"tree{next(counter)}", **kwargs)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache folder shared by the whole session, so synthetic trees are generated once."""
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="session")
+def synthetic_root(cache: Path) -> Path:
+    return ensure_synthetic(cache, n_images=120, seed=0, n_procs=1)
+
+
+@pytest.fixture
+def make_cfg(cache: Path) -> Callable[..., DictConfig]:
+    """Compose train.yaml as train.py would, overridden to the cheapest settings."""
+
+    def make(*overrides: str, config_name: str = "train") -> DictConfig:
+        cheap = [
+            "device=cpu",
+            "tracking=false",
+            f"data.cache_dir={cache}",
+            "data.n_images=120",
+        ]
+        if config_name == "train":
+            cheap += ["n_workers=0", "batch_size=8", "model=none"]
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            return compose(config_name=config_name, overrides=cheap + list(overrides))
+
+    return make
+
+
+@pytest.fixture
+def isolated_env(tmp_path: Path) -> dict[str, str]:
+    """Environment for train.py subprocesses: a private MLflow store, no terminal tricks."""
+    env = dict(os.environ)
+    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env

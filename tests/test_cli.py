@@ -1,0 +1,130 @@
+"""train.py as a user runs it: one job, a multirun, and bad values."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ValidationError
+
+from facebench.config import validate
+from facebench.errors import ConfigError
+from facebench.paths import PROJECT_ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def train(tmp_path: Path, cache: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
+    command = [
+        sys.executable,
+        str(PROJECT_ROOT / "train.py"),
+        *[arg for arg in args if arg.startswith("-")],  # Hydra's flags come before overrides
+        "device=cpu",
+        f"data.cache_dir={cache}",
+        "data.n_images=120",
+        "batch_size=16",
+        f"hydra.run.dir={tmp_path / 'outputs'}",
+        f"hydra.sweep.dir={tmp_path / 'multirun'}",
+        *[arg for arg in args if not arg.startswith("-")],  # last: they win over the above
+    ]
+    return subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def runs(tmp_path: Path):
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    return mlflow.search_runs(experiment_names=["facebench"], output_format="list")
+
+
+def test_one_run_is_recorded_with_metrics_params_and_tags(tmp_path, cache, isolated_env):
+    result = train(tmp_path, cache, isolated_env, "model=resnet18", "max_batches=2", "n_workers=1")
+    assert result.returncode == 0, result.stderr
+    [run] = runs(tmp_path)
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "dataset-w1-bs16-bf16-resnet18"
+    metrics = run.data.metrics
+    assert metrics["samples_seen"] == 32
+    assert metrics["images_per_s"] == pytest.approx(32 / metrics["epoch_time_s"], rel=1e-6)
+    assert metrics["loss_first"] > 0
+    params = run.data.params
+    assert params["loader"] == "dataset" and params["n_workers"] == "1"
+    assert params["batch_size"] == "16" and params["amp"] == "bf16"
+    assert params["data.n_images"] == "120" and params["device_type"] == "cpu"
+    tags = run.data.tags
+    assert tags["torch_version"] and tags["git_commit"] and tags["device_name"]
+    # Artifacts land beside the store, not in the working directory's mlruns/.
+    artifacts = Path(run.info.artifact_uri.removeprefix("file://"))
+    assert artifacts.is_relative_to(tmp_path / "mlruns")
+    assert (artifacts / "results.json").is_file() and (artifacts / "config.yaml").is_file()
+    assert (tmp_path / "outputs" / "results.json").is_file()
+
+
+def test_multirun_records_one_run_per_job(tmp_path, cache, isolated_env):
+    result = train(tmp_path, cache, isolated_env, "-m", "n_workers=0,1", "model=none")
+    assert result.returncode == 0, result.stderr
+    recorded = runs(tmp_path)
+    assert sorted(r.info.run_name for r in recorded) == [
+        "dataset-w0-bs16-loader-only",
+        "dataset-w1-bs16-loader-only",
+    ]
+    assert all(r.data.metrics["samples_seen"] == 112 for r in recorded)  # 7 batches of 16
+
+
+def test_a_failed_job_is_marked_failed_and_the_sweep_goes_on(tmp_path, cache, isolated_env):
+    # The second job points at a folder that does not exist: it fails inside its MLflow run.
+    result = train(
+        tmp_path,
+        cache,
+        isolated_env,
+        "-m",
+        "model=none",
+        "data=synthetic,celeba_digiface",
+        f"data.root={tmp_path / 'missing'}",
+    )
+    assert result.returncode != 0
+    assert "missing: no such folder" in result.stdout + result.stderr
+    statuses = {r.data.params["data"]: r.info.status for r in runs(tmp_path)}
+    assert statuses == {"synthetic": "FINISHED", "celeba_digiface": "FAILED"}
+
+
+def test_bad_value_fails_with_one_clear_line(tmp_path, cache, isolated_env):
+    result = train(tmp_path, cache, isolated_env, "batch_size=0")
+    output = result.stdout + result.stderr  # Hydra logs to stdout
+    assert result.returncode == 1
+    assert "batch_size=0: must be at least 1" in output
+    assert "Traceback" not in output
+
+
+@pytest.mark.parametrize(
+    ("override", "error", "says"),
+    [
+        ("n_workers=abc", ValidationError, "could not be converted to Integer"),
+        ("loader=nope", ConfigCompositionException, "loader"),
+        ("loader.nope=1", ConfigCompositionException, "nope"),
+    ],
+)
+def test_bad_config_fails_at_compose_time(make_cfg, override, error, says):
+    with pytest.raises(Exception) as raised:
+        make_cfg(override)
+    # Hydra wraps the OmegaConf error; the message names the key either way.
+    assert says in str(raised.value) or says in str(raised.value.__cause__)
+    assert isinstance(raised.value, error) or isinstance(raised.value.__cause__, error)
+
+
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        ("batch_size=0", "batch_size=0: must be at least 1"),
+        ("n_workers=-1", "n_workers=-1: must be 0 or more"),
+        ("device=gpu", "device=gpu: use auto, cpu, cuda or cuda:N"),
+        ("data=celeba_digiface", "data.root is empty"),
+    ],
+)
+def test_bad_values_are_named(make_cfg, override, says):
+    with pytest.raises(ConfigError, match=says):
+        validate(make_cfg(override))
