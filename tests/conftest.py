@@ -82,14 +82,9 @@ def make_cfg(cache: Path) -> Callable[..., DictConfig]:
     """Compose train.yaml as train.py would, overridden to the cheapest settings."""
 
     def make(*overrides: str, config_name: str = "train") -> DictConfig:
-        cheap = [
-            "device=cpu",
-            "tracking=false",
-            f"data.cache_dir={cache}",
-            "data.n_images=120",
-        ]
+        cheap = [f"data.cache_dir={cache}", "data.n_images=120"]
         if config_name == "train":
-            cheap += ["n_workers=0", "batch_size=8", "model=none"]
+            cheap += ["device=cpu", "tracking=false", "n_workers=0", "batch_size=8", "model=none"]
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             return compose(config_name=config_name, overrides=cheap + list(overrides))
 

@@ -128,3 +128,47 @@ def test_bad_config_fails_at_compose_time(make_cfg, override, error, says):
 def test_bad_values_are_named(make_cfg, override, says):
     with pytest.raises(ConfigError, match=says):
         validate(make_cfg(override))
+
+
+def test_the_seed_comparison_on_a_real_layout_tree(tmp_path, cache, isolated_env, tree_factory):
+    root = tree_factory(
+        celeba={f"{i:06d}.jpg": 1 + i % 5 for i in range(1, 21)}, digiface={0: 20, 3: 20}
+    )
+    data = ["data=celeba_digiface", f"data.root={root}", "shard_size=16"]
+    prepare = subprocess.run(
+        [
+            sys.executable,
+            str(PROJECT_ROOT / "prepare.py"),
+            *data,
+            f"hydra.run.dir={tmp_path / 'prepare'}",
+        ],
+        cwd=tmp_path,
+        env=isolated_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert prepare.returncode == 0, prepare.stdout + prepare.stderr
+    assert (root / "facebench-shards" / "pickle" / "manifest.json").is_file()
+    result = train(
+        tmp_path,
+        cache,
+        isolated_env,
+        "-m",
+        "loader=dataset,datapipe,pickle",
+        "n_workers=0,2",
+        "model=none",
+        "batch_size=4",
+        *data,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    recorded = runs(tmp_path)
+    assert sorted(r.info.run_name for r in recorded) == sorted(
+        f"{loader}-w{workers}-bs4-loader-only"
+        for loader in ("dataset", "datapipe", "pickle")
+        for workers in (0, 2)
+    )
+    assert all(r.info.status == "FINISHED" for r in recorded)
+    # 60 images; iterable loaders may drop up to one remainder per worker.
+    assert all(52 <= r.data.metrics["samples_seen"] <= 60 for r in recorded)
+    assert not any("prepare_s" in r.data.metrics for r in recorded)  # prepare.py built them

@@ -134,7 +134,7 @@ def list_digiface(root: str | os.PathLike) -> DigiFaceListing:
     ignored = 0
     for number, folder in _digiface_folders(root):
         for name in sorted(os.listdir(folder)):
-            if name.lower().endswith(DIGIFACE_SUFFIX):
+            if name.endswith(DIGIFACE_SUFFIX):  # case-sensitive, like the seed and FileLister
                 files.append((number, os.path.join(folder, name)))
             else:
                 ignored += 1

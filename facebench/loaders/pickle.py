@@ -1,0 +1,87 @@
+"""The seed's third pipeline: DataPipes over pre-shuffled pickle shards built by prepare.py.
+
+    IterableWrapper(shard paths).shuffle().sharding_filter().load_pickle_data(transform)
+
+Each worker unpickles whole shards of decoded images and transforms them one by one: no JPEG or
+PNG decoding at train time, which (not the DataPipe API) is why the seed found it fast. The price:
+a worker holds a whole shard in memory, shuffling is only across shards plus the one shuffle
+before writing, and with fewer shards than workers some workers have nothing to do.
+
+The shard list comes from the manifest, not from listing the folder, and a shard's bytes are
+unpickled only after their sha256 matches it. Missing or outdated shards are built before the
+epoch clock starts; that time is logged as `prepare_s`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+import torch
+from torch.utils.data.datapipes.datapipe import IterDataPipe
+from torch.utils.data.datapipes.iter import IterableWrapper
+
+from facebench.config import LoaderConfig
+from facebench.errors import ShardError
+from facebench.loaders.base import Batch, LoaderContext, data_loader
+from facebench.shards import pickle_format
+from facebench.shards.build import ensure_shards
+from facebench.shards.manifest import Manifest, read_verified
+
+log = logging.getLogger(__name__)
+
+Options = LoaderConfig
+
+
+@torch.utils.data.functional_datapipe("load_pickle_data")
+class PickleShardLoader(IterDataPipe):
+    """Verify, unpickle and transform each shard named by the source pipe."""
+
+    def __init__(
+        self, source_datapipe: IterDataPipe, transform: Callable, sha256: dict[str, str]
+    ) -> None:
+        self.source_datapipe = source_datapipe
+        self.transform = transform
+        self.sha256 = sha256
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, int]]:
+        for path in self.source_datapipe:
+            data = read_verified(Path(path), self.sha256[Path(path).name])
+            for image, label in pickle_format.decode(data):
+                yield self.transform(image), label
+
+
+def before_epoch(ctx: LoaderContext) -> dict[str, float]:
+    shard_set = ensure_shards(
+        ctx.data_root,
+        ctx.shards_dir,
+        "pickle",
+        seed=ctx.seed,
+        shard_size=ctx.shard_size,
+        n_procs=max(ctx.n_workers, 1),
+    )
+    n_shards = len(shard_set.manifest.shards)
+    if ctx.n_workers > n_shards:
+        log.warning(
+            "%d shards for %d workers: %d workers will have no shard to read; "
+            "a smaller shard_size spreads the work",
+            n_shards,
+            ctx.n_workers,
+            ctx.n_workers - n_shards,
+        )
+    return {"prepare_s": shard_set.seconds} if shard_set.built else {}
+
+
+def build(ctx: LoaderContext) -> Iterable[Batch]:
+    manifest = Manifest.read(ctx.shards_dir)
+    if manifest is None:
+        raise ShardError(
+            f"{ctx.shards_dir}: no complete shard set (no manifest.json). Run: python prepare.py "
+            "with the same data overrides"
+        )
+    sha256 = {shard.name: shard.sha256 for shard in manifest.shards}
+    paths = [str(ctx.shards_dir / shard.name) for shard in manifest.shards]
+    pipe = IterableWrapper(paths).shuffle().sharding_filter()
+    pipe = pipe.load_pickle_data(transform=ctx.transform, sha256=sha256)
+    return data_loader(pipe, ctx, shuffle=True)

@@ -1,0 +1,133 @@
+"""prepare.py's shards: complete, verified, idempotent, and never unpickled unless vouched for."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from facebench.data.sources import read_records
+from facebench.errors import ShardError
+from facebench.loaders import pickle as pickle_loader
+from facebench.runner import run_training
+from facebench.shards import pickle_format
+from facebench.shards.build import ensure_shards, run_prepare
+from facebench.shards.manifest import MANIFEST, Manifest, read_verified
+
+
+@pytest.fixture
+def data_copy(tmp_path, synthetic_root) -> Path:
+    """A private copy of the synthetic tree, safe to change."""
+    root = tmp_path / "data"
+    shutil.copytree(synthetic_root, root, ignore=shutil.ignore_patterns("facebench-shards"))
+    return root
+
+
+def test_shards_hold_every_sample_once_decoded_and_shuffled(data_copy, tmp_path):
+    shard_set = ensure_shards(data_copy, tmp_path / "shards", "pickle", seed=3, shard_size=50)
+    manifest = shard_set.manifest
+    assert [s.samples for s in manifest.shards] == [50, 50, 20]  # no empty last shard
+    assert manifest.n_samples == 120
+    records, labels = read_records(data_copy)
+    assert manifest.n_classes == labels.n_classes
+    samples = []
+    for shard in manifest.shards:
+        data = (tmp_path / "shards" / shard.name).read_bytes()
+        assert len(data) == shard.bytes
+        assert hashlib.sha256(data).hexdigest() == shard.sha256
+        samples += list(pickle_format.decode(data))
+    sizes = {image.size for image, _ in samples}
+    assert sizes == {(128, 128), (112, 112)}  # CelebA cropped, DigiFace as is
+    assert {image.mode for image, _ in samples} == {"RGB"}
+    assert sorted(label for _, label in samples) == sorted(r.label for r in records)
+    # Shuffled once before writing: not the canonical order (CelebA first, then DigiFace).
+    canonical = [r.label for r in records]
+    assert [label for _, label in samples] != canonical
+
+
+def test_same_seed_same_shards_other_seed_other_order(data_copy, tmp_path):
+    first = ensure_shards(data_copy, tmp_path / "a", "pickle", seed=1, shard_size=60).manifest
+    again = ensure_shards(data_copy, tmp_path / "b", "pickle", seed=1, shard_size=60).manifest
+    other = ensure_shards(data_copy, tmp_path / "c", "pickle", seed=2, shard_size=60).manifest
+    assert [s.sha256 for s in first.shards] == [s.sha256 for s in again.shards]
+    assert [s.sha256 for s in first.shards] != [s.sha256 for s in other.shards]
+
+
+def test_rerun_with_unchanged_inputs_does_nothing(data_copy, tmp_path, caplog):
+    folder = tmp_path / "shards"
+    ensure_shards(data_copy, folder, "pickle", shard_size=50)
+    stamps = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+    with caplog.at_level(logging.INFO):
+        again = ensure_shards(data_copy, folder, "pickle", shard_size=50)
+    assert not again.built
+    assert "up to date" in caplog.text and "nothing to do" in caplog.text
+    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == stamps
+
+
+def test_changed_settings_or_inputs_rebuild(data_copy, tmp_path):
+    folder = tmp_path / "shards"
+    ensure_shards(data_copy, folder, "pickle", shard_size=50)
+    resized = ensure_shards(data_copy, folder, "pickle", shard_size=40)
+    assert resized.built and len(resized.manifest.shards) == 3
+    assert sorted(p.name for p in folder.iterdir()) == [
+        MANIFEST,
+        "shard-00000.pickle",
+        "shard-00001.pickle",
+        "shard-00002.pickle",
+    ]
+    image = next((data_copy / "DigiFace1M" / "0").iterdir())
+    shutil.copy(image, image.with_name("999.png"))
+    grown = ensure_shards(data_copy, folder, "pickle", shard_size=40)
+    assert grown.built and grown.manifest.n_samples == 121
+
+
+def test_a_shard_that_does_not_match_is_never_unpickled(data_copy, tmp_path):
+    folder = tmp_path / "shards"
+    manifest = ensure_shards(data_copy, folder, "pickle", shard_size=200).manifest
+    marker = tmp_path / "executed"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.mkdir, (str(marker),))
+
+    (folder / manifest.shards[0].name).write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(ShardError, match="does not match the manifest"):
+        read_verified(folder / manifest.shards[0].name, manifest.shards[0].sha256)
+    assert not marker.exists()
+
+
+def test_loader_refuses_a_folder_without_manifest(make_cfg, data_copy, tmp_path):
+    folder = tmp_path / "shards" / "pickle"
+    ensure_shards(data_copy, folder, "pickle", shard_size=50)
+    (folder / MANIFEST).unlink()  # as if prepare.py had been interrupted
+    from tests.test_loaders import context
+
+    cfg = make_cfg("loader=pickle", f"shards_dir={tmp_path / 'shards'}")
+    with pytest.raises(ShardError, match="no complete shard set .*python prepare.py"):
+        pickle_loader.build(context(cfg, data_copy, 0, 8))
+
+
+def test_prepare_entry_point_writes_where_train_reads(make_cfg, tmp_path):
+    cfg = make_cfg(f"shards_dir={tmp_path}", "shard_size=50", config_name="prepare")
+    shard_set = run_prepare(cfg, output_dir=tmp_path / "out")
+    assert shard_set.folder == tmp_path / "pickle"
+    assert Manifest.read(shard_set.folder) is not None
+    assert (tmp_path / "out" / "results.json").is_file()
+    train_cfg = make_cfg("loader=pickle", f"shards_dir={tmp_path}", "shard_size=50")
+    metrics = run_training(train_cfg)
+    assert "prepare_s" not in metrics  # the shards were already there
+    assert metrics["samples_seen"] == 120
+
+
+def test_train_builds_missing_shards_outside_the_clock(make_cfg, tmp_path):
+    cfg = make_cfg("loader=pickle", f"shards_dir={tmp_path}", "shard_size=40")
+    metrics = run_training(cfg)
+    assert metrics["prepare_s"] > 0
+    assert metrics["samples_seen"] == 120
+    assert np.isfinite(metrics["epoch_time_s"])
