@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import sys
 from collections.abc import Callable
@@ -26,18 +27,21 @@ def configure() -> None:
     loaders.register_schemas()
 
 
-def output_dir() -> Path:
-    return Path(HydraConfig.get().runtime.output_dir)
+def sweep_id() -> str:
+    """An id shared by every job of one multirun (and unique to a single run)."""
+    hydra = HydraConfig.get()
+    folder = hydra.sweep.dir if hydra.mode == RunMode.MULTIRUN else hydra.runtime.output_dir
+    return hashlib.sha1(str(Path(folder).resolve()).encode()).hexdigest()[:10]
 
 
-def run_job(task: Callable[[DictConfig, Path], T], cfg: DictConfig) -> T:
+def run_job(task: Callable[..., T], cfg: DictConfig) -> T:
     """Run one job; a user error is one clear line, not a traceback.
 
     In a single run it exits with status 1. In a multirun it is re-raised, so Hydra marks this job
     failed and goes on with the others (and exits non-zero at the end).
     """
     try:
-        return task(cfg, output_dir())
+        return task(cfg, output_dir=Path(HydraConfig.get().runtime.output_dir), sweep_id=sweep_id())
     except FacebenchError as error:
         log.error("%s", error)
         if HydraConfig.get().mode == RunMode.MULTIRUN:

@@ -77,6 +77,12 @@ class TrainConfig(CommonConfig):
     max_batches: int = 0
     # auto | cpu | cuda | cuda:N
     device: str = "auto"
+    # Page cache before each epoch: warm (files read in first), cold (evicted), keep (as found).
+    cache: str = "warm"
+    # Measure the whole run (all epochs) this many times in one job.
+    repeat: int = 1
+    # Resource samples per second (memory, GPU); 0 samples only at the start and end of an epoch.
+    sample_hz: float = 4.0
     # Record the run in MLflow; false runs with no tracking at all.
     tracking: bool = True
     lr: float = 0.1
@@ -93,6 +99,7 @@ class PrepareConfig(CommonConfig):
 AMP_MODES = ("auto", "fp16", "bf16", "off")
 MODELS = ("resnet50", "resnet18", "none")
 CROPS = ("random", "center")
+CACHE_MODES = ("warm", "cold", "keep")
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
 
@@ -116,7 +123,7 @@ def validate(cfg: DictConfig) -> None:
         if value is not None and value < 1:
             problems.append(f"{key}={value}: must be at least 1")
 
-    for key in ("batch_size", "epochs", "shard_size", "loader.prefetch_factor"):
+    for key in ("batch_size", "epochs", "repeat", "shard_size", "loader.prefetch_factor"):
         positive(key)
     for key in ("n_workers", "max_batches"):
         value = OmegaConf.select(cfg, key)
@@ -125,7 +132,15 @@ def validate(cfg: DictConfig) -> None:
     device = OmegaConf.select(cfg, "device")
     if device is not None and not _DEVICE.match(device):
         problems.append(f"device={device}: use auto, cpu, cuda or cuda:N")
-    choices = {"amp.mode": AMP_MODES, "model.name": MODELS, "loader.crop": CROPS}
+    sample_hz = OmegaConf.select(cfg, "sample_hz")
+    if sample_hz is not None and not 0 <= sample_hz <= 100:
+        problems.append(f"sample_hz={sample_hz}: use 0 (off) to 100")
+    choices = {
+        "amp.mode": AMP_MODES,
+        "model.name": MODELS,
+        "loader.crop": CROPS,
+        "cache": CACHE_MODES,
+    }
     for key, allowed in choices.items():
         value = OmegaConf.select(cfg, key)
         if value is not None and value not in allowed:

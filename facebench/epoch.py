@@ -11,12 +11,16 @@ from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torchvision
 
 from facebench.device import Precision
 from facebench.loaders.base import Batch
 from facebench.meter import EpochMeter, EpochTimes
+from facebench.order import batch_label_diversity, order_corr
+from facebench.progress import epoch_progress
+from facebench.sampling import ResourceSampler
 
 
 @dataclass
@@ -78,11 +82,13 @@ def build_trainer(
 @dataclass
 class EpochResult:
     times: EpochTimes
+    resources: dict[str, float]
+    order: dict[str, float]
     loss_first: float | None
     loss_last: float | None
 
     def metrics(self) -> dict[str, float]:
-        metrics = self.times.metrics()
+        metrics = {**self.times.metrics(), **self.resources, **self.order}
         if self.loss_first is not None and self.loss_last is not None:
             metrics["loss_first"] = self.loss_first
             metrics["loss_last"] = self.loss_last
@@ -94,24 +100,37 @@ def run_epoch(
     trainer: Trainer | None,
     device: torch.device,
     max_batches: int = 0,
+    sample_hz: float = 4.0,
+    label_counts: np.ndarray | None = None,
+    expected_images: int | None = None,
+    description: str = "epoch",
 ) -> EpochResult:
     """One timed epoch. `trainer=None` is loader-only mode: batches are only moved to the device.
 
     The clock starts before the loader is built, so worker start-up counts, as in the seed.
     """
     meter = EpochMeter(device)
+    sampler = ResourceSampler(device, sample_hz)
     meter.start()
+    sampler.start(meter.started_at)
+    bar = epoch_progress(expected_images, description)
     batches = iter(build_loader())
     first_loss: torch.Tensor | None = None
     last_loss: torch.Tensor | None = None
+    ids_seen: list[torch.Tensor] = []
+    labels_seen: list[torch.Tensor] = []
+    resources: dict[str, float] = {}
     try:
         while True:
             asked_at = meter.waiting()
             try:
-                images, targets = next(batches)
+                images, targets, ids = next(batches)
             except StopIteration:
                 break
             meter.batch(asked_at, images.shape[0])
+            if ids is not None:
+                ids_seen.append(ids)
+                labels_seen.append(targets)
             if trainer is None:
                 images.to(device, non_blocking=True)
                 targets.to(device, non_blocking=True)
@@ -119,14 +138,37 @@ def run_epoch(
                 last_loss = trainer.step(images, targets)
                 if first_loss is None:
                     first_loss = last_loss
+            bar.update(images.shape[0])
             if max_batches and meter.n_batches >= max_batches:
                 break
         times = meter.stop()
+        resources = sampler.stop(meter.ended_at)  # workers still alive: their counters count
     finally:
+        sampler.close()
+        bar.close()
         # Shut worker processes down now (the iterator's finalizer does it), not at exit.
         del batches
     return EpochResult(
         times=times,
+        resources=resources,
+        order=order_metrics(ids_seen, labels_seen, label_counts),
         loss_first=first_loss.item() if first_loss is not None else None,
         loss_last=last_loss.item() if last_loss is not None else None,
     )
+
+
+def order_metrics(
+    ids: list[torch.Tensor], labels: list[torch.Tensor], label_counts: np.ndarray | None
+) -> dict[str, float]:
+    """Shuffle quality and repeats, from the sample ids the loader reported."""
+    if not ids:
+        return {}
+    all_ids = torch.cat(ids).numpy()
+    metrics = {
+        "order_corr": order_corr(all_ids),
+        "samples_unique": float(len(np.unique(all_ids))),
+    }
+    if label_counts is not None:
+        per_batch = [batch.numpy() for batch in labels]
+        metrics["batch_label_diversity"] = batch_label_diversity(per_batch, label_counts)
+    return metrics

@@ -65,9 +65,18 @@ class EpochMeter:
     _arrivals: list[float] = field(default_factory=list)  # when each batch was in hand
     _sizes: list[int] = field(default_factory=list)
     _wait: float = 0.0
+    _end: float = 0.0
 
     def start(self) -> None:
         self._start = now(self.device)
+
+    @property
+    def started_at(self) -> float:
+        return self._start
+
+    @property
+    def ended_at(self) -> float:
+        return self._end
 
     @property
     def n_batches(self) -> int:
@@ -84,7 +93,7 @@ class EpochMeter:
         self._sizes.append(n_samples)
 
     def stop(self) -> EpochTimes:
-        end = now(self.device)
+        end = self._end = now(self.device)
         n = len(self._sizes)
         warmup = min(WARMUP_MAX_BATCHES, max(1, int(n * WARMUP_FRACTION))) if n > 1 else 0
         steady = 0.0

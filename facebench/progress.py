@@ -30,3 +30,25 @@ def progress(
         if total and done / total >= next_report:
             logger.info("%s: %d/%d %s (%.0f%%)", description, done, total, unit, 100 * done / total)
             next_report = (int(10 * done / total) + 1) / 10
+
+
+class _Quiet:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def epoch_progress(total_images: int | None, description: str):
+    """A live images/s bar for the epoch on a terminal; nothing elsewhere (logs stay clean)."""
+    if not sys.stderr.isatty():
+        return _Quiet()
+    return tqdm(
+        total=total_images,
+        desc=description,
+        unit="img",
+        unit_scale=True,
+        dynamic_ncols=True,
+        leave=False,
+    )

@@ -3,23 +3,39 @@
 from __future__ import annotations
 
 import logging
+import random
+import statistics
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from facebench import loaders
 from facebench.config import validate
 from facebench.data.roots import data_root, shards_root
-from facebench.data.sources import label_space
+from facebench.data.sources import read_records
 from facebench.data.transforms import seed_transform
 from facebench.device import Precision, device_name, resolve_device, resolve_precision
 from facebench.epoch import build_trainer, run_epoch
+from facebench.errors import FacebenchError
 from facebench.loaders.base import LoaderContext
+from facebench.pagecache import prepare_cache, resident_fraction
 from facebench.tracking import Tracker, flatten, git_commit, write_results
 
 log = logging.getLogger(__name__)
+
+# Metrics summarised over all measured epochs of a job (repeat x epochs) as _median, _min, _max.
+HEADLINE = (
+    "epoch_time_s",
+    "images_per_s",
+    "steady_images_per_s",
+    "time_to_first_batch_s",
+    "data_wait_frac",
+)
+_RESIDENCY_SAMPLE = 2000  # files checked with mincore to report the cache state
 
 
 def run_name(cfg: DictConfig, precision: str) -> str:
@@ -31,8 +47,10 @@ def run_name(cfg: DictConfig, precision: str) -> str:
     return name if cfg.model.name == "resnet50" else f"{name}-{cfg.model.name}"
 
 
-def run_training(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, float]:
-    """Run cfg.epochs timed epochs of the configured loader and model; return the last metrics."""
+def run_training(
+    cfg: DictConfig, output_dir: Path | None = None, sweep_id: str | None = None
+) -> dict[str, float]:
+    """Run the configured epochs `repeat` times; return the last epoch's metrics and summaries."""
     validate(cfg)
     device = resolve_device(cfg.device)
     precision = resolve_precision(cfg.amp.mode, device)
@@ -50,31 +68,47 @@ def run_training(cfg: DictConfig, output_dir: Path | None = None) -> dict[str, f
         "torch_version": torch.__version__,
         "git_commit": git_commit(),
     }
+    if sweep_id:
+        tags["sweep_id"] = sweep_id
     tracker = Tracker(enabled=cfg.tracking)
-    with tracker.run(name, params, tags):
-        metrics = _run(cfg, device, precision, tracker)
-        results = {"run_name": name, "params": params, "tags": tags, "metrics": metrics}
+    results: dict[str, Any] = {"run_name": name, "params": params, "tags": tags, "metrics": {}}
+    with tracker.run(name, params, tags, system_metrics=True):
+        results["status"] = "FAILED"
+        try:
+            _run(cfg, device, precision, tracker, results["metrics"])
+            results["status"] = "FINISHED"
+        finally:
+            # Written even when the job fails: nothing measured is lost.
+            if output_dir is not None:
+                write_results(output_dir / "results.json", results)
         if output_dir is not None:
-            path = output_dir / "results.json"
-            write_results(path, results)
-            tracker.log_artifact(path)
-            config_path = output_dir / ".hydra" / "config.yaml"
-            if config_path.is_file():
-                tracker.log_artifact(config_path)
-    return metrics
+            tracker.log_artifact(output_dir / "results.json")
+            tracker.log_artifact(output_dir / ".hydra" / "config.yaml")
+    return results["metrics"]
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def _run(
-    cfg: DictConfig, device: torch.device, precision: Precision, tracker: Tracker
-) -> dict[str, float]:
-    torch.manual_seed(cfg.seed)
+    cfg: DictConfig,
+    device: torch.device,
+    precision: Precision,
+    tracker: Tracker,
+    metrics: dict[str, float],
+) -> None:
+    _seed_everything(cfg.seed)
     root = data_root(cfg.data, n_procs=max(cfg.n_workers, 1))
-    labels = label_space(root)
+    records, labels = read_records(root)
     loader = loaders.get(cfg.loader.name)
     ctx = LoaderContext(
         options=cfg.loader,
         data_root=root,
         labels=labels,
+        records=records,
         batch_size=cfg.batch_size,
         n_workers=cfg.n_workers,
         seed=cfg.seed,
@@ -83,9 +117,8 @@ def _run(
         shards_dir=shards_root(cfg.shards_dir, root, cfg.loader.name),
         shard_size=cfg.shard_size,
     )
-    setup_metrics: dict[str, float] = {}
     if hasattr(loader, "before_epoch"):
-        setup_metrics = loader.before_epoch(ctx)
+        metrics.update(loader.before_epoch(ctx))
     trainer = None
     if cfg.model.name != "none":
         trainer = build_trainer(
@@ -97,32 +130,97 @@ def _run(
             momentum=cfg.momentum,
             weight_decay=cfg.weight_decay,
         )
+    files = _data_files(loader, ctx)
+    label_counts = np.bincount([r.label for r in records], minlength=labels.n_classes)
     log.info(
-        "data %s (%d classes), loader=%s, model=%s, %s on %s",
+        "data %s (%d samples, %d classes), loader=%s, model=%s, %s on %s, cache=%s",
         root,
+        len(records),
         labels.n_classes,
         cfg.loader.name,
         cfg.model.name,
         precision.name,
         device,
+        cfg.cache,
     )
-    metrics: dict[str, float] = dict(setup_metrics)
-    for epoch in range(cfg.epochs):
-        result = run_epoch(lambda: loader.build(ctx), trainer, device, cfg.max_batches)
-        epoch_metrics = result.metrics()
-        tracker.log_metrics(epoch_metrics, step=epoch)
-        metrics.update(epoch_metrics)
-        times = result.times
-        log.info(
-            "epoch %d: %d images in %.1f s = %.1f images/s (steady %.1f); first batch after "
-            "%.2f s; waited for data %.0f%% of the time",
-            epoch,
-            times.samples_seen,
-            times.epoch_time_s,
-            times.images_per_s,
-            times.steady_images_per_s,
-            times.time_to_first_batch_s,
-            100 * times.data_wait_frac,
+    per_epoch: list[dict[str, float]] = []
+    n_measured = cfg.repeat * cfg.epochs
+    for step in range(n_measured):
+        prepare_cache(cfg.cache, files)
+        cache_metrics = _cache_state(files)
+        expected = len(records) if not cfg.max_batches else cfg.max_batches * cfg.batch_size
+        result = run_epoch(
+            lambda: loader.build(ctx),
+            trainer,
+            device,
+            max_batches=cfg.max_batches,
+            sample_hz=cfg.sample_hz,
+            label_counts=label_counts,
+            expected_images=expected,
+            description=f"epoch {step + 1}/{n_measured}",
         )
-    tracker.log_metrics(setup_metrics)
-    return metrics
+        epoch_metrics = {**result.metrics(), **cache_metrics}
+        tracker.log_metrics(epoch_metrics, step=step)
+        per_epoch.append(epoch_metrics)
+        metrics.update(epoch_metrics)
+        _log_epoch(step, result.times, epoch_metrics)
+        if result.times.samples_seen == 0:
+            raise FacebenchError(
+                f"loader={cfg.loader.name} delivered no batch of {cfg.batch_size} from "
+                f"{len(records)} samples with n_workers={cfg.n_workers}: use more data, a smaller "
+                "batch_size or fewer workers"
+            )
+    summary = summarise(per_epoch)
+    metrics.update(summary)
+    tracker.log_metrics({**summary, **{k: v for k, v in metrics.items() if k == "prepare_s"}})
+
+
+def summarise(per_epoch: list[dict[str, float]]) -> dict[str, float]:
+    """Median, min and max of the headline metrics over every measured epoch."""
+    summary: dict[str, float] = {}
+    for name in HEADLINE:
+        values = [epoch[name] for epoch in per_epoch if name in epoch]
+        if values:
+            summary[f"{name}_median"] = statistics.median(values)
+            summary[f"{name}_min"] = min(values)
+            summary[f"{name}_max"] = max(values)
+    summary["measured_epochs"] = float(len(per_epoch))
+    return summary
+
+
+def _data_files(loader: ModuleType, ctx: LoaderContext) -> list[str]:
+    """The files an epoch of this loader reads: its shards, or by default every image."""
+    if hasattr(loader, "data_files"):
+        return loader.data_files(ctx)
+    return [record.path for record in ctx.records]
+
+
+def _cache_state(files: list[str]) -> dict[str, float]:
+    if not files:
+        return {}
+    rng = np.random.default_rng(0)
+    sample = (
+        files
+        if len(files) <= _RESIDENCY_SAMPLE
+        else list(rng.choice(files, _RESIDENCY_SAMPLE, replace=False))
+    )
+    return {"cache_resident_frac": resident_fraction(sample)}
+
+
+def _log_epoch(step: int, times, metrics: dict[str, float]) -> None:
+    extra = ""
+    if "gpu_util_mean" in metrics:
+        extra = f", GPU {metrics['gpu_util_mean']:.0f}% busy"
+    log.info(
+        "epoch %d: %d images in %.1f s = %.1f images/s (steady %.1f); first batch after %.2f s; "
+        "waited for data %.0f%% of the time; CPU %.0f%%%s",
+        step,
+        times.samples_seen,
+        times.epoch_time_s,
+        times.images_per_s,
+        times.steady_images_per_s,
+        times.time_to_first_batch_s,
+        100 * times.data_wait_frac,
+        metrics.get("cpu_util_mean", float("nan")),
+        extra,
+    )

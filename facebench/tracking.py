@@ -22,6 +22,7 @@ from facebench.paths import PROJECT_ROOT
 log = logging.getLogger(__name__)
 
 EXPERIMENT = "facebench"
+SYSTEM_METRICS_INTERVAL_S = 1
 _PARAM_LIMIT = 6000  # MLflow's longest param value
 
 
@@ -72,9 +73,16 @@ class Tracker:
 
     @contextmanager
     def run(
-        self, name: str, params: Mapping[str, Any], tags: Mapping[str, str]
+        self,
+        name: str,
+        params: Mapping[str, Any],
+        tags: Mapping[str, str],
+        system_metrics: bool = False,
     ) -> Iterator[Tracker]:
-        """Open a run; it ends FINISHED, FAILED on an error, KILLED on Ctrl-C."""
+        """Open a run; it ends FINISHED, FAILED on an error, KILLED on Ctrl-C.
+
+        system_metrics: MLflow's own CPU, memory, disk, network (and GPU) sampling, every second.
+        """
         if not self.enabled:
             yield self
             return
@@ -84,7 +92,15 @@ class Tracker:
         try:
             mlflow.set_tracking_uri(uri)
             experiment_id = _experiment_id(mlflow, uri)
-            active = mlflow.start_run(experiment_id=experiment_id, run_name=name, tags=dict(tags))
+            if system_metrics:
+                mlflow.set_system_metrics_sampling_interval(SYSTEM_METRICS_INTERVAL_S)
+                mlflow.set_system_metrics_samples_before_logging(1)
+            active = mlflow.start_run(
+                experiment_id=experiment_id,
+                run_name=name,
+                tags=dict(tags),
+                log_system_metrics=system_metrics,
+            )
         except Exception as error:  # MLflow raises many types for a bad store
             raise TrackingError(
                 f"MLflow store {uri} cannot be used: {error}. Check that it is writable, "
@@ -125,7 +141,7 @@ class Tracker:
         mlflow.set_tags(dict(tags))
 
     def log_artifact(self, path: Path) -> None:
-        if not self.enabled:
+        if not self.enabled or not path.is_file():
             return
         import mlflow
 

@@ -22,7 +22,7 @@ def fingerprint(image: torch.Tensor) -> str:
 def delivered(batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> Counter:
     """The multiset of (image fingerprint, label) a loader yielded over one epoch."""
     seen: Counter = Counter()
-    for images, labels in batches:
+    for images, labels, _ in batches:
         for image, label in zip(images, labels, strict=True):
             seen[(fingerprint(image), int(label))] += 1
     return seen

@@ -7,7 +7,7 @@ import torch
 
 from facebench import loaders
 from facebench.data.roots import shards_root
-from facebench.data.sources import label_space
+from facebench.data.sources import read_records
 from facebench.data.transforms import seed_transform
 from facebench.loaders.base import LoaderContext
 from tests.helpers import delivered, expected
@@ -16,10 +16,12 @@ SEED_LOADERS = ["dataset", "datapipe", "pickle"]
 
 
 def context(cfg, root, n_workers: int, batch_size: int) -> LoaderContext:
+    records, labels = read_records(root)
     return LoaderContext(
         options=cfg.loader,
         data_root=root,
-        labels=label_space(root),
+        labels=labels,
+        records=records,
         batch_size=batch_size,
         n_workers=n_workers,
         seed=0,

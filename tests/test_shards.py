@@ -42,13 +42,14 @@ def test_shards_hold_every_sample_once_decoded_and_shuffled(data_copy, tmp_path)
         assert len(data) == shard.bytes
         assert hashlib.sha256(data).hexdigest() == shard.sha256
         samples += list(pickle_format.decode(data))
-    sizes = {image.size for image, _ in samples}
+    sizes = {image.size for image, _, _ in samples}
     assert sizes == {(128, 128), (112, 112)}  # CelebA cropped, DigiFace as is
-    assert {image.mode for image, _ in samples} == {"RGB"}
-    assert sorted(label for _, label in samples) == sorted(r.label for r in records)
-    # Shuffled once before writing: not the canonical order (CelebA first, then DigiFace).
-    canonical = [r.label for r in records]
-    assert [label for _, label in samples] != canonical
+    assert {image.mode for image, _, _ in samples} == {"RGB"}
+    # Every sample once, with its own label, in a shuffled order.
+    ids = [sample_id for _, _, sample_id in samples]
+    assert sorted(ids) == list(range(120))
+    assert all(label == records[i].label for _, label, i in samples)
+    assert ids != sorted(ids)
 
 
 def test_same_seed_same_shards_other_seed_other_order(data_copy, tmp_path):

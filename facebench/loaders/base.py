@@ -11,9 +11,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from facebench.config import LoaderConfig
-from facebench.data.sources import LabelSpace
+from facebench.data.sources import LabelSpace, Record
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+# (images, labels, sample ids): ids are canonical positions (see data.sample_index), or None for
+# loaders with no real samples.
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 
 @dataclass
@@ -23,6 +25,9 @@ class LoaderContext:
     options: LoaderConfig  # cfg.loader, typed as the loader's own schema
     data_root: Path
     labels: LabelSpace
+    # Every sample in canonical order, listed before the clock starts. Loaders that time their own
+    # listing (as the seed's did) list again inside the clock; this one is for checks and ids.
+    records: list[Record]
     batch_size: int
     n_workers: int
     seed: int
@@ -38,9 +43,12 @@ class LoaderContext:
 
 
 def data_loader(
-    dataset: Dataset | IterableDataset, ctx: LoaderContext, shuffle: bool
+    dataset: Dataset | IterableDataset, ctx: LoaderContext, shuffle: bool, batched: bool = False
 ) -> Iterable[Batch]:
-    """A torch DataLoader with the settings every loader shares (drop_last, as the seed)."""
+    """A torch DataLoader with the settings every loader shares (drop_last, as the seed).
+
+    batched=True: the dataset yields whole batches itself, and the DataLoader only moves them.
+    """
     generator = torch.Generator()
     generator.manual_seed(ctx.seed)
     extra: dict[str, Any] = {}
@@ -48,9 +56,9 @@ def data_loader(
         extra["prefetch_factor"] = ctx.options.prefetch_factor
     return DataLoader(
         dataset,
-        batch_size=ctx.batch_size,
+        batch_size=None if batched else ctx.batch_size,
         shuffle=shuffle,
-        drop_last=True,
+        drop_last=not batched,
         num_workers=ctx.n_workers,
         pin_memory=ctx.pin_memory,
         generator=generator,

@@ -3,19 +3,24 @@
     IterableWrapper(CelebA records)
       .concat(FileLister(DigiFace1M, "*.png", recursive).map(to record))
       .shuffle(buffer_size)          # the seed's 100,000
+      .batch(batch_size, drop_last)  # see below
       .sharding_filter()
-      .load_image(transform)
+      .load_images(transform)
 
 Kept as the seed built it, costs included: every worker lists every file and fills its own
 shuffle buffer of `shuffle_buffer` records before yielding anything (time to first batch, and a
-buffer's worth of memory per worker), and only then drops the records that belong to the other
-workers. The DataLoader gives every worker the same shuffle seed, which is what lets
-sharding_filter split one order among them without gaps or repeats.
+buffer's worth of memory per worker), and only then drops what belongs to the other workers. The
+DataLoader gives every worker the same shuffle seed, which is what lets sharding_filter split one
+order among them without gaps or repeats.
+
+One change: batches are formed before sharding_filter, not by the DataLoader in each worker. The
+seed's way drops a partial batch per worker (up to n_workers * (batch_size - 1) samples an epoch;
+on a small dataset, every sample). Formed here, only the epoch's one remainder is dropped, as in
+loader=dataset. Each worker still decodes and transforms its samples and sends whole batches.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +31,11 @@ from torch.utils.data.datapipes.iter import FileLister, IterableWrapper
 
 from facebench.config import LoaderConfig
 from facebench.data.images import open_sample
-from facebench.data.sources import DIGIFACE, celeba_records, digiface_record
+from facebench.data.sample_index import SampleIndex
+from facebench.data.sources import CELEBA, DIGIFACE, LabelSpace, celeba_records, digiface_record
 from facebench.loaders.base import Batch, LoaderContext, data_loader
+
+PipeRecord = tuple[str, int, str, int]  # path, label, source, sample id
 
 
 @dataclass
@@ -36,29 +44,51 @@ class Options(LoaderConfig):
     shuffle_buffer: int = 100_000
 
 
-@torch.utils.data.functional_datapipe("load_image")
-class ImageLoader(IterDataPipe):
-    """Decode each (path, label, source) record and apply the shared transform."""
+class DigiFaceRecord:
+    """A DigiFace path from the FileLister -> (path, label, source, sample id)."""
+
+    def __init__(self, labels: LabelSpace, ids: SampleIndex) -> None:
+        self.labels = labels
+        self.ids = ids
+
+    def __call__(self, path: str) -> PipeRecord:
+        record = digiface_record(path, self.labels)
+        return record.path, record.label, record.source, self.ids(path)
+
+
+@torch.utils.data.functional_datapipe("load_images")
+class ImageBatchLoader(IterDataPipe):
+    """Decode and transform each batch of records; yield (images, labels, ids) tensors."""
 
     def __init__(self, source_datapipe: IterDataPipe, transform: Callable) -> None:
         self.source_datapipe = source_datapipe
         self.transform = transform
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, int]]:
-        for path, label, source in self.source_datapipe:
-            yield self.transform(open_sample(path, source)), label
+    def __iter__(self) -> Iterator[Batch]:
+        for records in self.source_datapipe:
+            images = torch.stack([self.transform(open_sample(p, s)) for p, _, s, _ in records])
+            labels = torch.tensor([label for _, label, _, _ in records])
+            ids = torch.tensor([sample_id for _, _, _, sample_id in records])
+            yield images, labels, ids
 
 
 def build_datapipe(ctx: LoaderContext) -> IterDataPipe:
     options: Options = ctx.options
-    celeba = IterableWrapper(celeba_records(ctx.data_root, ctx.labels), deepcopy=False)
+    celeba = [
+        (r.path, r.label, r.source, i)
+        for i, r in enumerate(celeba_records(ctx.data_root, ctx.labels))
+    ]
+    n_celeba = len(celeba)
+    ids = SampleIndex([r.path for r in ctx.records if r.source != CELEBA], offset=n_celeba)
     digiface = FileLister(str(Path(ctx.data_root) / DIGIFACE), masks="*.png", recursive=True)
-    digiface = digiface.map(functools.partial(digiface_record, labels=ctx.labels))
-    pipe = celeba.concat(digiface)
+    pipe = IterableWrapper(celeba, deepcopy=False).concat(
+        digiface.map(DigiFaceRecord(ctx.labels, ids))
+    )
     pipe = pipe.shuffle(buffer_size=options.shuffle_buffer)
+    pipe = pipe.batch(ctx.batch_size, drop_last=True)
     pipe = pipe.sharding_filter()
-    return pipe.load_image(transform=ctx.transform)
+    return pipe.load_images(transform=ctx.transform)
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:
-    return data_loader(build_datapipe(ctx), ctx, shuffle=True)
+    return data_loader(build_datapipe(ctx), ctx, shuffle=True, batched=True)

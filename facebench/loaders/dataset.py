@@ -21,23 +21,23 @@ Options = LoaderConfig
 class RecordDataset(Dataset):
     """One source's samples by index, as the seed's CelebADataset and DigiFace1M classes."""
 
-    def __init__(self, records: list[Record], transform: Callable) -> None:
+    def __init__(self, records: list[Record], transform: Callable, first_id: int = 0) -> None:
         self.records = records
         self.transform = transform
+        self.first_id = first_id  # canonical position of records[0]
 
     def __len__(self) -> int:
         return len(self.records)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int, int]:
         record = self.records[index]
-        return self.transform(open_sample(record.path, record.source)), record.label
+        image = self.transform(open_sample(record.path, record.source))
+        return image, record.label, self.first_id + index
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:
-    dataset = ConcatDataset(
-        [
-            RecordDataset(celeba_records(ctx.data_root, ctx.labels), ctx.transform),
-            RecordDataset(digiface_records(ctx.data_root, ctx.labels), ctx.transform),
-        ]
+    celeba = RecordDataset(celeba_records(ctx.data_root, ctx.labels), ctx.transform)
+    digiface = RecordDataset(
+        digiface_records(ctx.data_root, ctx.labels), ctx.transform, first_id=len(celeba)
     )
-    return data_loader(dataset, ctx, shuffle=True)
+    return data_loader(ConcatDataset([celeba, digiface]), ctx, shuffle=True)

@@ -45,11 +45,11 @@ class PickleShardLoader(IterDataPipe):
         self.transform = transform
         self.sha256 = sha256
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, int]]:
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, int, int]]:
         for path in self.source_datapipe:
             data = read_verified(Path(path), self.sha256[Path(path).name])
-            for image, label in pickle_format.decode(data):
-                yield self.transform(image), label
+            for image, label, sample_id in pickle_format.decode(data):
+                yield self.transform(image), label, sample_id
 
 
 def before_epoch(ctx: LoaderContext) -> dict[str, float]:
@@ -85,3 +85,8 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
     pipe = IterableWrapper(paths).shuffle().sharding_filter()
     pipe = pipe.load_pickle_data(transform=ctx.transform, sha256=sha256)
     return data_loader(pipe, ctx, shuffle=True)
+
+
+def data_files(ctx: LoaderContext) -> list[str]:
+    manifest = Manifest.read(ctx.shards_dir)
+    return [str(ctx.shards_dir / shard.name) for shard in manifest.shards] if manifest else []

@@ -62,6 +62,7 @@ def settings_for(shard_format: str, seed: int, shard_size: int) -> dict[str, Any
         "shard_size": shard_size,
         "celeba_box": list(CELEBA_BOX),
         "decoded_mode": "RGB",
+        "sample": "image, label, id",
     }
 
 
@@ -106,7 +107,12 @@ def ensure_shards(
 
     order = np.random.default_rng(seed).permutation(len(records))
     tasks = [
-        (shard_format, str(folder), index, [records[i] for i in order[start : start + shard_size]])
+        (
+            shard_format,
+            str(folder),
+            index,
+            [(int(i), records[i]) for i in order[start : start + shard_size]],
+        )
         for index, start in enumerate(range(0, len(records), shard_size))
     ]
     n_procs = max(1, min(n_procs, os.cpu_count() or 1, len(tasks)))
@@ -152,7 +158,7 @@ def _write_all(tasks: list, n_procs: int):
         yield from pool.map(_write_shard, tasks)
 
 
-def _write_shard(task: tuple[str, str, int, list[Record]]) -> ShardEntry:
+def _write_shard(task: tuple[str, str, int, list[tuple[int, Record]]]) -> ShardEntry:
     shard_format, folder, index, records = task
     module = FORMATS[shard_format]
     name = f"{_SHARD_PREFIX}{index:05d}{module.SUFFIX}"
@@ -173,7 +179,9 @@ def _remove_shards(folder: Path) -> None:
             path.unlink()
 
 
-def run_prepare(cfg: DictConfig, output_dir: Path | None = None) -> ShardSet:
+def run_prepare(
+    cfg: DictConfig, output_dir: Path | None = None, sweep_id: str | None = None
+) -> ShardSet:
     """prepare.py: build the shards for the configured data, or say they are up to date."""
     validate(cfg)
     format_module(cfg.format)

@@ -1,4 +1,7 @@
-"""The seed's shard format: a pickled list of (PIL.Image, label), decoded but not augmented.
+"""The seed's shard format: a pickled list of (PIL.Image, label, sample id), decoded, not augmented.
+
+The seed stored (image, label); the sample id (canonical position) is added so that epochs can be
+checked for gaps and repeats and their shuffle measured, at 8 bytes a sample.
 
 Unpickling runs code named in the file, so a pickle shard is only ever loaded from bytes whose
 sha256 matches the manifest facebench wrote (see manifest.read_verified). Never load pickle shards
@@ -18,10 +21,11 @@ from facebench.data.sources import Record
 SUFFIX = ".pickle"
 
 
-def encode(records: list[Record]) -> bytes:
-    samples = [(open_sample(r.path, r.source), r.label) for r in records]
-    return pickle.dumps(samples, protocol=pickle.HIGHEST_PROTOCOL)
+def encode(samples: list[tuple[int, Record]]) -> bytes:
+    """(sample id, record) pairs -> the pickled shard."""
+    decoded = [(open_sample(r.path, r.source), r.label, i) for i, r in samples]
+    return pickle.dumps(decoded, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def decode(data: bytes) -> Iterator[tuple[Image.Image, int]]:
+def decode(data: bytes) -> Iterator[tuple[Image.Image, int, int]]:
     yield from pickle.loads(data)

@@ -1,0 +1,48 @@
+"""The compute ceiling: one batch made once, already on the device, handed out every step.
+
+No files, no decoding, no copies: an epoch of the same length as the data's, so its images/s is
+the fastest this model can train on this hardware. Another run's images/s divided by this says
+how close that pipeline comes to keeping the device busy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from facebench.config import LoaderConfig
+from facebench.data.transforms import CROP
+from facebench.loaders.base import Batch, LoaderContext
+
+Options = LoaderConfig
+
+
+@dataclass
+class SameBatch:
+    images: torch.Tensor
+    labels: torch.Tensor
+    n_batches: int
+
+    def __len__(self) -> int:
+        return self.n_batches
+
+    def __iter__(self) -> Iterator[Batch]:
+        for _ in range(self.n_batches):
+            yield self.images, self.labels, None
+
+
+def build(ctx: LoaderContext) -> SameBatch:
+    generator = torch.Generator(device=ctx.device).manual_seed(ctx.seed)
+    images = torch.randn(
+        (ctx.batch_size, 3, *CROP), generator=generator, device=ctx.device
+    ).contiguous(memory_format=torch.channels_last)
+    labels = torch.randint(
+        0, ctx.labels.n_classes, (ctx.batch_size,), generator=generator, device=ctx.device
+    )
+    return SameBatch(images, labels, len(ctx.records) // ctx.batch_size)
+
+
+def data_files(ctx: LoaderContext) -> list[str]:
+    return []  # reads nothing

@@ -1,0 +1,154 @@
+"""What the process tree and the GPU did during an epoch.
+
+CPU time and bytes read are counters: read at the start and the end of the epoch, over the main
+process and every live descendant (Linux adds reaped children's counters to their parent's, so
+workers that already exited still count). Memory and GPU utilization are levels: a background
+thread samples them at `hz` (4 by default; NVML's utilization is itself an average over its last
+sample period). The thread does a handful of /proc reads and NVML calls per sample, well under a
+millisecond; bench/sampler_overhead.py measures that it does not slow the loop.
+
+GPU metrics come from NVML, in-process, only for an NVIDIA device; elsewhere they are absent, not
+zero.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import psutil
+import torch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Counters:
+    cpu_s: float
+    read_bytes: int | None  # None where the OS does not report it
+
+
+def _tree() -> list[psutil.Process]:
+    main = psutil.Process()
+    try:
+        return [main, *main.children(recursive=True)]
+    except psutil.Error:
+        return [main]
+
+
+def read_counters() -> Counters:
+    cpu = 0.0
+    read: int | None = 0
+    for index, process in enumerate(_tree()):
+        try:
+            times = process.cpu_times()
+            cpu += times.user + times.system
+            if index == 0:  # reaped children are folded into the main process's counters
+                cpu += times.children_user + times.children_system
+            if read is not None:
+                read += process.io_counters().read_bytes
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue  # exited between listing and reading; its counters move to its parent
+        except (psutil.AccessDenied, AttributeError, NotImplementedError):
+            read = None
+    return Counters(cpu, read)
+
+
+def _gpu_handle(device: torch.device):
+    """The NVML handle of a CUDA device, matched by UUID (CUDA_VISIBLE_DEVICES renumbers)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", ""))
+    if uuid:
+        try:
+            return pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+        except pynvml.NVMLError:
+            pass
+    return pynvml.nvmlDeviceGetHandleByIndex(index)
+
+
+class ResourceSampler:
+    """Samples process-tree memory and GPU utilization/memory on a daemon thread."""
+
+    def __init__(self, device: torch.device, hz: float = 4.0) -> None:
+        self.device = device
+        self.period = 1.0 / hz if hz > 0 else 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._rss_peak = 0
+        self._gpu_util: list[float] = []
+        self._gpu_mem_peak = 0
+        self._gpu = None
+        self._start_counters: Counters | None = None
+        self._wall_start = 0.0
+
+    def start(self, wall_start: float) -> None:
+        self._wall_start = wall_start
+        self._start_counters = read_counters()
+        if self.device.type == "cuda":
+            try:
+                self._gpu = _gpu_handle(self.device)
+            except Exception as error:  # no NVML library, driver mismatch, ...
+                log.warning("GPU metrics unavailable: NVML failed (%s)", error)
+        if self.period:
+            self._sample()
+            self._thread = threading.Thread(target=self._run, name="facebench-sampler", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            self._sample()
+
+    def _sample(self) -> None:
+        rss = 0
+        for process in _tree():
+            try:
+                rss += process.memory_info().rss
+            except psutil.Error:
+                continue
+        self._rss_peak = max(self._rss_peak, rss)
+        if self._gpu is not None:
+            import pynvml
+
+            try:
+                self._gpu_util.append(pynvml.nvmlDeviceGetUtilizationRates(self._gpu).gpu)
+                used = pynvml.nvmlDeviceGetMemoryInfo(self._gpu).used
+                self._gpu_mem_peak = max(self._gpu_mem_peak, used)
+            except pynvml.NVMLError:
+                pass
+
+    def close(self) -> None:
+        """Stop the thread (also after an error); idempotent."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def stop(self, wall_end: float) -> dict[str, float]:
+        """Metrics over the sampled span. Call while the loader's workers are still alive."""
+        end_counters = read_counters()
+        self._sample()
+        self.close()
+        elapsed = max(wall_end - self._wall_start, 1e-9)
+        start = self._start_counters or end_counters
+        metrics = {
+            # Share of the whole machine's CPU (all cores) used by the process tree.
+            "cpu_util_mean": 100.0
+            * (end_counters.cpu_s - start.cpu_s)
+            / (elapsed * (os.cpu_count() or 1)),
+            # Resident memory of the main process plus its workers; shared pages (the torch
+            # libraries forked workers share, for one) count once per process.
+            "peak_rss_mb": self._rss_peak / 2**20,
+        }
+        if start.read_bytes is not None and end_counters.read_bytes is not None:
+            metrics["read_mb"] = (end_counters.read_bytes - start.read_bytes) / 2**20
+        if self._gpu_util:
+            metrics["gpu_util_mean"] = float(np.mean(self._gpu_util))
+            metrics["gpu_util_p50"] = float(np.median(self._gpu_util))
+            metrics["gpu_mem_peak_mb"] = self._gpu_mem_peak / 2**20
+        return metrics
