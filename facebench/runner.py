@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from facebench import loaders
 from facebench.config import validate
 from facebench.data.roots import data_root, shards_root
-from facebench.data.sources import read_records
+from facebench.data.sources import LabelSpace, Record, read_records
 from facebench.data.transforms import seed_transform
 from facebench.device import Precision, device_name, resolve_device, resolve_precision
 from facebench.epoch import build_trainer, run_epoch
@@ -87,6 +87,30 @@ def run_training(
     return results["metrics"]
 
 
+def loader_context(
+    cfg: DictConfig,
+    loader: ModuleType,
+    root: Path,
+    records: list[Record],
+    labels: LabelSpace,
+    device: torch.device,
+) -> LoaderContext:
+    """What the configured loader gets to build its pipeline from."""
+    return LoaderContext(
+        options=cfg.loader,
+        data_root=root,
+        labels=labels,
+        records=records,
+        batch_size=cfg.batch_size,
+        n_workers=cfg.n_workers,
+        seed=cfg.seed,
+        device=device,
+        transform=seed_transform(cfg.loader.crop),
+        shards_dir=shards_root(cfg.shards_dir, root, getattr(loader, "SHARD_FORMAT", "none")),
+        shard_size=cfg.shard_size,
+    )
+
+
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -104,19 +128,7 @@ def _run(
     root = data_root(cfg.data, n_procs=max(cfg.n_workers, 1))
     records, labels = read_records(root)
     loader = loaders.get(cfg.loader.name)
-    ctx = LoaderContext(
-        options=cfg.loader,
-        data_root=root,
-        labels=labels,
-        records=records,
-        batch_size=cfg.batch_size,
-        n_workers=cfg.n_workers,
-        seed=cfg.seed,
-        device=device,
-        transform=seed_transform(cfg.loader.crop),
-        shards_dir=shards_root(cfg.shards_dir, root, cfg.loader.name),
-        shard_size=cfg.shard_size,
-    )
+    ctx = loader_context(cfg, loader, root, records, labels, device)
     if hasattr(loader, "before_epoch"):
         metrics.update(loader.before_epoch(ctx))
     trainer = None

@@ -81,6 +81,8 @@ class ResourceSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._rss_peak = 0
+        self._used_start = 0
+        self._used_peak = 0
         self._gpu_util: list[float] = []
         self._gpu_mem_peak = 0
         self._gpu = None
@@ -90,6 +92,7 @@ class ResourceSampler:
     def start(self, wall_start: float) -> None:
         self._wall_start = wall_start
         self._start_counters = read_counters()
+        self._used_start = psutil.virtual_memory().used
         if self.device.type == "cuda":
             try:
                 self._gpu = _gpu_handle(self.device)
@@ -112,6 +115,7 @@ class ResourceSampler:
             except psutil.Error:
                 continue
         self._rss_peak = max(self._rss_peak, rss)
+        self._used_peak = max(self._used_peak, psutil.virtual_memory().used)
         if self._gpu is not None:
             import pynvml
 
@@ -141,9 +145,13 @@ class ResourceSampler:
             "cpu_util_mean": 100.0
             * (end_counters.cpu_s - start.cpu_s)
             / (elapsed * (os.cpu_count() or 1)),
-            # Resident memory of the main process plus its workers; shared pages (the torch
-            # libraries forked workers share, for one) count once per process.
+            # Resident memory of the main process plus its workers. Pages a forked worker still
+            # shares with the main process count in both, so this overstates many workers.
             "peak_rss_mb": self._rss_peak / 2**20,
+            # Machine-wide memory in use, at its peak, over what was in use as the epoch began:
+            # what the loader really added, shared pages counted once (other processes' changes
+            # count too, so compare runs on a quiet machine).
+            "peak_mem_added_mb": max(0, self._used_peak - self._used_start) / 2**20,
         }
         if start.read_bytes is not None and end_counters.read_bytes is not None:
             metrics["read_mb"] = (end_counters.read_bytes - start.read_bytes) / 2**20

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
-from collections import Counter
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 
@@ -12,26 +11,33 @@ from facebench.data.images import open_sample
 from facebench.data.sources import read_records
 from facebench.data.transforms import seed_transform
 
-
-def fingerprint(image: torch.Tensor) -> str:
-    # Rounded so that float noise in a batched path does not change the identity of a sample.
-    rounded = torch.round(image.float() * 1000).to(torch.int32).contiguous()
-    return hashlib.sha1(rounded.numpy().tobytes()).hexdigest()
+Samples = dict[int, tuple[torch.Tensor, int]]
 
 
-def delivered(batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> Counter:
-    """The multiset of (image fingerprint, label) a loader yielded over one epoch."""
-    seen: Counter = Counter()
-    for images, labels, _ in batches:
-        for image, label in zip(images, labels, strict=True):
-            seen[(fingerprint(image), int(label))] += 1
+def delivered(batches: Iterable[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> Samples:
+    """{sample id: (image, label)} over one epoch; fails on a repeated sample."""
+    seen: Samples = {}
+    for images, labels, ids in batches:
+        assert len(images) == len(labels) == len(ids)
+        for image, label, sample_id in zip(images, labels, ids.tolist(), strict=True):
+            assert sample_id not in seen, f"sample {sample_id} delivered twice"
+            seen[sample_id] = (image.float().cpu(), int(label))
     return seen
 
 
-def expected(root) -> Counter:
-    """Every sample of the tree, decoded and center-cropped directly, once each."""
+def expected(root: Path) -> Samples:
+    """Every sample of the tree, decoded and center-cropped directly, by canonical id."""
     transform = seed_transform("center")
     records, _ = read_records(root)
-    return Counter(
-        (fingerprint(transform(open_sample(r.path, r.source))), r.label) for r in records
-    )
+    return {i: (transform(open_sample(r.path, r.source)), r.label) for i, r in enumerate(records)}
+
+
+def assert_same_samples(seen: Samples, truth: Samples, atol: float = 1e-5) -> None:
+    """Same ids, same labels, same pixels (to atol, in normalized units)."""
+    assert set(seen) <= set(truth), "ids that are not in the data"
+    for sample_id, (image, label) in seen.items():
+        want_image, want_label = truth[sample_id]
+        assert label == want_label, f"sample {sample_id}: label {label}, expected {want_label}"
+        assert image.shape == want_image.shape
+        error = (image - want_image).abs().max().item()
+        assert error <= atol, f"sample {sample_id}: pixels differ by up to {error}"

@@ -73,6 +73,7 @@ def test_multirun_records_one_run_per_job(tmp_path, cache, isolated_env):
         "dataset-w1-bs16-loader-only",
     ]
     assert all(r.data.metrics["samples_seen"] == 112 for r in recorded)  # 7 batches of 16
+    assert len({r.data.tags["sweep_id"] for r in recorded}) == 1
 
 
 def test_a_failed_job_is_marked_failed_and_the_sweep_goes_on(tmp_path, cache, isolated_env):
@@ -169,6 +170,26 @@ def test_the_seed_comparison_on_a_real_layout_tree(tmp_path, cache, isolated_env
         for workers in (0, 2)
     )
     assert all(r.info.status == "FINISHED" for r in recorded)
-    # 60 images; iterable loaders may drop up to one remainder per worker.
-    assert all(52 <= r.data.metrics["samples_seen"] <= 60 for r in recorded)
+    # 60 images in batches of 4: every loader delivers all of them.
+    assert all(r.data.metrics["samples_seen"] == 60 for r in recorded)
+    assert all(r.data.metrics["samples_unique"] == 60 for r in recorded)
     assert not any("prepare_s" in r.data.metrics for r in recorded)  # prepare.py built them
+
+    # The report turns this sweep into the article's table, a chart, and a report run.
+    report = subprocess.run(
+        [sys.executable, "-m", "facebench.report", "--with-seed", "--out", str(tmp_path / "r")],
+        cwd=tmp_path,
+        env=isolated_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert report.returncode == 0, report.stderr
+    text = report.stdout
+    assert "| n workers | dataset | datapipe | pickle | article dataset, s" in text
+    rows = [line for line in text.splitlines() if line.startswith(("| 2 |", "| 0 |"))]
+    assert len(rows) == 2 and all(line.count("img/s") == 3 for line in rows)
+    assert (tmp_path / "r" / "report.png").stat().st_size > 10_000
+    assert (tmp_path / "r" / "report.md").read_text() == text
+    kinds = [r.data.tags.get("facebench.kind") for r in runs(tmp_path)]
+    assert kinds.count("report") == 1

@@ -111,7 +111,7 @@ def test_loader_refuses_a_folder_without_manifest(make_cfg, data_copy, tmp_path)
 
     cfg = make_cfg("loader=pickle", f"shards_dir={tmp_path / 'shards'}")
     with pytest.raises(ShardError, match="no complete shard set .*python prepare.py"):
-        pickle_loader.build(context(cfg, data_copy, 0, 8))
+        pickle_loader.build(context(cfg, data_copy))
 
 
 def test_prepare_entry_point_writes_where_train_reads(make_cfg, tmp_path):

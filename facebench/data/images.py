@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 from PIL import Image
 
 from facebench.data.sources import CELEBA
@@ -11,10 +13,19 @@ from facebench.data.sources import CELEBA
 CELEBA_BOX = (25, 45, 153, 173)
 
 
+def as_sample(image: Image.Image, source: str) -> Image.Image:
+    """An opened image as the seed used it: RGB, and CelebA cropped to 128x128."""
+    rgb = image.convert("RGB")
+    return rgb.crop(CELEBA_BOX) if source == CELEBA else rgb
+
+
 def open_sample(path: str, source: str) -> Image.Image:
     """The decoded RGB image of one record: CelebA cropped to 128x128, DigiFace RGBA -> RGB."""
     with Image.open(path) as image:
-        rgb = image.convert("RGB")
-    if source == CELEBA:
-        return rgb.crop(CELEBA_BOX)
-    return rgb
+        return as_sample(image, source)
+
+
+def decode_sample(data: bytes, source: str) -> Image.Image:
+    """The same from a file's bytes (as read from a tar shard)."""
+    with Image.open(io.BytesIO(data)) as image:
+        return as_sample(image, source)

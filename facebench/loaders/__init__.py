@@ -2,9 +2,11 @@
 
 A loader module defines `Options` (a `LoaderConfig` subclass, or `LoaderConfig` itself) and
 `build(ctx: LoaderContext) -> Iterable[Batch]`, called inside the epoch clock. It may define
-`before_epoch(ctx) -> dict[str, float]`, run before the clock starts (to build missing shards, say);
-what it returns is logged as metrics. Adding a loader is one module here and one YAML file in
-conf/loader/ whose defaults list names `<module>_schema`.
+`before_epoch(ctx) -> dict[str, float]`, run before the clock starts (to build missing shards, say;
+what it returns is logged as metrics), `data_files(ctx)` (the files an epoch reads, for cache
+control; by default every image) and `SHARD_FORMAT` (the prepare.py format it reads).
+Adding a loader is one module here and one YAML file in conf/loader/ whose defaults list names
+`<module>_schema`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from hydra.core.config_store import ConfigStore
 
 from facebench.errors import ConfigError
 
-_NOT_LOADERS = {"base"}
+_NOT_LOADERS = {"base", "shardsets"}
 
 
 def names() -> list[str]:

@@ -14,7 +14,6 @@ epoch clock starts; that time is logged as `prepare_s`.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -23,15 +22,13 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 from facebench.config import LoaderConfig
-from facebench.errors import ShardError
 from facebench.loaders.base import Batch, LoaderContext, data_loader
+from facebench.loaders.shardsets import ensure_loader_shards, shard_files, trusted_manifest
 from facebench.shards import pickle_format
-from facebench.shards.build import ensure_shards
-from facebench.shards.manifest import Manifest, read_verified
-
-log = logging.getLogger(__name__)
+from facebench.shards.manifest import read_verified
 
 Options = LoaderConfig
+SHARD_FORMAT = "pickle"
 
 
 @torch.utils.data.functional_datapipe("load_pickle_data")
@@ -53,40 +50,17 @@ class PickleShardLoader(IterDataPipe):
 
 
 def before_epoch(ctx: LoaderContext) -> dict[str, float]:
-    shard_set = ensure_shards(
-        ctx.data_root,
-        ctx.shards_dir,
-        "pickle",
-        seed=ctx.seed,
-        shard_size=ctx.shard_size,
-        n_procs=max(ctx.n_workers, 1),
-    )
-    n_shards = len(shard_set.manifest.shards)
-    if ctx.n_workers > n_shards:
-        log.warning(
-            "%d shards for %d workers: %d workers will have no shard to read; "
-            "a smaller shard_size spreads the work",
-            n_shards,
-            ctx.n_workers,
-            ctx.n_workers - n_shards,
-        )
-    return {"prepare_s": shard_set.seconds} if shard_set.built else {}
+    return ensure_loader_shards(ctx, SHARD_FORMAT)
+
+
+def data_files(ctx: LoaderContext) -> list[str]:
+    return shard_files(ctx)
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:
-    manifest = Manifest.read(ctx.shards_dir)
-    if manifest is None:
-        raise ShardError(
-            f"{ctx.shards_dir}: no complete shard set (no manifest.json). Run: python prepare.py "
-            "with the same data overrides"
-        )
+    manifest = trusted_manifest(ctx)
     sha256 = {shard.name: shard.sha256 for shard in manifest.shards}
     paths = [str(ctx.shards_dir / shard.name) for shard in manifest.shards]
     pipe = IterableWrapper(paths).shuffle().sharding_filter()
     pipe = pipe.load_pickle_data(transform=ctx.transform, sha256=sha256)
     return data_loader(pipe, ctx, shuffle=True)
-
-
-def data_files(ctx: LoaderContext) -> list[str]:
-    manifest = Manifest.read(ctx.shards_dir)
-    return [str(ctx.shards_dir / shard.name) for shard in manifest.shards] if manifest else []

@@ -27,13 +27,13 @@ from facebench.data.roots import check_writable, data_root, shards_root
 from facebench.data.sources import Record, read_records
 from facebench.errors import ConfigError, DataError
 from facebench.progress import progress
-from facebench.shards import pickle_format
+from facebench.shards import pickle_format, raw_format, tar_format
 from facebench.shards.manifest import MANIFEST, Manifest, ShardEntry, source_fingerprint
 from facebench.tracking import write_results
 
 log = logging.getLogger(__name__)
 
-FORMATS: dict[str, ModuleType] = {"pickle": pickle_format}
+FORMATS: dict[str, ModuleType] = {"pickle": pickle_format, "raw": raw_format, "tar": tar_format}
 _SHARD_PREFIX = "shard-"
 
 

@@ -1,0 +1,95 @@
+"""What the benchmark scripts share: composing configs, describing the machine, writing docs."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import psutil
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from facebench.app import configure
+from facebench.paths import PROJECT_ROOT
+
+BENCHMARKS_MD = PROJECT_ROOT / "docs" / "benchmarks.md"
+_configured = False
+
+
+def run_train(scratch: str, overrides: list[str]) -> dict[str, float]:
+    """One `python train.py` job in its own process, MLflow off; its metrics from results.json."""
+    output = Path(tempfile.mkdtemp(dir=scratch))
+    command = [
+        sys.executable,
+        str(PROJECT_ROOT / "train.py"),
+        *overrides,
+        "tracking=false",
+        f"hydra.run.dir={output}",
+    ]
+    print("running", " ".join(overrides), file=sys.stderr, flush=True)
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise SystemExit(
+            f"failed: {' '.join(command)}\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+        )
+    return json.loads((output / "results.json").read_text())["metrics"]
+
+
+def config(*overrides: str) -> DictConfig:
+    """train.yaml composed exactly as train.py would, with these overrides."""
+    global _configured
+    if not _configured:
+        configure()
+        _configured = True
+    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        return compose(config_name="train", overrides=list(overrides))
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        cpu = platform.processor() or cpu
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    memory = psutil.virtual_memory().total / 2**30
+    return (
+        f"{cpu}, {os.cpu_count()} cores, {memory:.0f} GiB RAM, {gpu}; "
+        f"torch {torch.__version__}, Python {platform.python_version()}"
+    )
+
+
+def stamp() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def table(header: list[str], rows: Iterable[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_section(name: str, text: str, path: Path = BENCHMARKS_MD) -> None:
+    """Replace (or append) the section between this benchmark's markers in docs/benchmarks.md."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    block = f"{start}\n{text.rstrip()}\n{end}"
+    current = path.read_text(encoding="utf-8") if path.is_file() else "# Benchmarks\n"
+    pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.DOTALL)
+    if pattern.search(current):
+        updated = pattern.sub(lambda _: block, current)
+    else:
+        updated = current.rstrip() + "\n\n" + block + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(updated, encoding="utf-8")

@@ -1,0 +1,140 @@
+"""Every loader side by side, loader-only, on the same synthetic data, cold and warm.
+
+    python bench/loaders.py                         # 20,000 images, n_workers 0 and 2
+    python bench/loaders.py --n-images 100000 --workers 2 --caches warm
+    python bench/loaders.py --model resnet50        # with the model (on a GPU)
+
+Each (loader, n_workers, cache) runs as its own `python train.py` process (so no run inherits
+another's memory or workers), with MLflow off; its results.json is read back. Prints a Markdown
+table and writes it into docs/benchmarks.md (--no-write to skip). Every number comes from the runs
+just made. Then the compute ceilings: loader=synthetic with each --ceiling-models model, which on a
+CPU shows how far below any loader the model trains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+
+from common import machine, run_train, stamp, table, write_section
+
+LOADERS = ["dataset", "datapipe", "pickle"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--n-images", type=int, default=20_000)
+    parser.add_argument("--loaders", nargs="+", default=LOADERS)
+    parser.add_argument("--workers", nargs="+", type=int, default=[0, 2])
+    parser.add_argument("--caches", nargs="+", default=["warm", "cold"])
+    parser.add_argument("--batch-size", type=int, default=600)
+    parser.add_argument("--model", default="none")
+    parser.add_argument("--ceiling-models", nargs="*", default=["resnet18", "resnet50"])
+    parser.add_argument("--ceiling-batches", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--section", default="loaders")
+    parser.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides")
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args(argv)
+    common = [
+        f"batch_size={args.batch_size}",
+        f"device={args.device}",
+        f"data.n_images={args.n_images}",
+        *args.extra,
+    ]
+    rows, baseline = [], {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for cache in args.caches:
+            for workers in args.workers:
+                for loader in args.loaders:
+                    m = run_train(
+                        scratch,
+                        [
+                            f"loader={loader}",
+                            f"n_workers={workers}",
+                            f"cache={cache}",
+                            f"model={args.model}",
+                            f"repeat={args.repeat}",
+                            *common,
+                        ],
+                    )
+                    rate = m["images_per_s_median"]
+                    if loader == "dataset":
+                        baseline[(cache, workers)] = rate
+                    base = baseline.get((cache, workers))
+                    rows.append(
+                        [
+                            loader,
+                            str(workers),
+                            cache,
+                            f"{rate:,.0f}",
+                            f"{m['steady_images_per_s_median']:,.0f}",
+                            f"{rate / base:.2f}x" if base else "",
+                            f"{m['time_to_first_batch_s_median']:.2f}",
+                            f"{m['data_wait_frac_median']:.2f}",
+                            f"{m['peak_rss_mb']:,.0f}",
+                            f"{m['peak_mem_added_mb']:,.0f}",
+                            f"{m.get('read_mb', float('nan')):,.0f}",
+                            f"{m.get('cpu_util_mean', float('nan')):.0f}",
+                            f"{m['order_corr']:.3f}" if "order_corr" in m else "",
+                            f"{m['cache_resident_frac']:.2f}" if "cache_resident_frac" in m else "",
+                        ]
+                    )
+        ceilings = [
+            [model, f"{m['images_per_s']:,.1f}", f"{m['steady_images_per_s']:,.1f}"]
+            for model in args.ceiling_models
+            for m in [
+                run_train(
+                    scratch,
+                    [
+                        "loader=synthetic",
+                        f"model={model}",
+                        "n_workers=0",
+                        f"max_batches={args.ceiling_batches}",
+                        *common,
+                    ],
+                )
+            ]
+        ]
+    header = [
+        "loader",
+        "workers",
+        "cache",
+        "images/s",
+        "steady images/s",
+        "vs dataset",
+        "first batch s",
+        "data wait",
+        "peak RSS MB",
+        "memory added MB",
+        "read MB",
+        "CPU %",
+        "order_corr",
+        "cached before",
+    ]
+    command = " ".join(argv if argv is not None else sys.argv[1:])
+    text = (
+        f"### Loaders, model={args.model}, {args.n_images:,} synthetic images, "
+        f"batch {args.batch_size}\n\n"
+        f"{stamp()}; {machine()}. `python bench/loaders.py {command}`".rstrip()
+        + "`; "
+        f"medians of {args.repeat} epochs per row (memory and CPU of the last).\n\n"
+        + table(header, rows)
+    )
+    if ceilings:
+        text += (
+            f"\nCompute ceilings (loader=synthetic: one batch on the device, no I/O; "
+            f"{args.ceiling_batches} batches of {args.batch_size}):\n\n"
+            + table(["model", "images/s", "steady images/s"], ceilings)
+        )
+    print(text)
+    if not args.no_write:
+        write_section(f"bench:{args.section}", text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""Pre-decoded samples in memory-mapped arrays: gather a batch, crop and normalize it, done.
+
+prepare.py (format=raw) stores each sample once, decoded and resized to 112x112 (the seed's only
+deterministic step), in fixed-size records. Each epoch draws one permutation of all samples
+(shared by the workers through its seed), cuts it into batches, and worker w gathers batches w,
+w + n_workers, ...: a full shuffle, no decoding, no pickle, nothing loaded whole. A worker maps a
+shard only while it gathers from it, so its memory stays at a few batches.
+
+The random crop and normalization run on the whole batch: vectorized in the worker when the
+device is the CPU; on a GPU the workers send uint8 (a quarter of the bytes of float) and the crop
+and normalization run there.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from facebench.config import LoaderConfig
+from facebench.data.batch_transforms import crop_batch, crop_offsets, normalize_batch
+from facebench.loaders.base import Batch, LoaderContext, data_loader
+from facebench.loaders.shardsets import ensure_loader_shards, shard_files, trusted_manifest
+from facebench.shards import raw_format
+
+log = logging.getLogger(__name__)
+
+Options = LoaderConfig
+SHARD_FORMAT = "raw"
+
+
+class RawBatches(IterableDataset):
+    """Batches gathered from memory-mapped shards in one shuffled order per epoch."""
+
+    def __init__(
+        self,
+        paths: list[str],
+        sizes: list[int],
+        batch_size: int,
+        epoch_seed: int,
+        crop: str,
+        normalize: bool,
+    ) -> None:
+        self.paths = paths
+        self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.batch_size = batch_size
+        self.epoch_seed = epoch_seed
+        self.crop = crop
+        self.normalize = normalize  # False: leave crop and normalize to the device
+
+    def __len__(self) -> int:
+        return int(self.starts[-1]) // self.batch_size
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        worker = get_worker_info()
+        worker_id, n_workers = (worker.id, worker.num_workers) if worker else (0, 1)
+        order = np.random.default_rng(self.epoch_seed).permutation(int(self.starts[-1]))
+        for index in range(worker_id, len(self), n_workers):
+            chosen = order[index * self.batch_size : (index + 1) * self.batch_size]
+            records = self._gather(chosen)
+            # Per-batch crop randomness, so results do not depend on the number of workers.
+            rng = np.random.default_rng([self.epoch_seed, index])
+            offsets = torch.from_numpy(crop_offsets(len(chosen), self.crop, rng))
+            images = torch.from_numpy(records["image"])
+            labels = torch.from_numpy(records["label"])
+            ids = torch.from_numpy(records["id"])
+            if self.normalize:
+                yield normalize_batch(crop_batch(images, offsets)), labels, ids
+            else:
+                yield images, labels, ids, offsets
+
+    def _gather(self, positions: np.ndarray) -> np.ndarray:
+        """The records at these global positions, in this order."""
+        out = np.empty(len(positions), dtype=raw_format.RECORD)
+        shard_of = np.searchsorted(self.starts, positions, side="right") - 1
+        for shard in np.unique(shard_of):
+            mask = shard_of == shard
+            local = positions[mask] - self.starts[shard]
+            # Mapped only for this gather: the pages do not stay in the worker's memory.
+            records = raw_format.open_shard(self.paths[shard])
+            order = np.argsort(local)  # ascending offsets read the file front to back
+            out[np.flatnonzero(mask)[order]] = records[local[order]]
+            del records
+        return out
+
+
+def finish_on_device(batches: Iterable, device: torch.device) -> Iterator[Batch]:
+    """Move uint8 batches to the device, then crop and normalize them there."""
+    for images, labels, ids, offsets in batches:
+        images = images.to(device, non_blocking=True)
+        offsets = offsets.to(device, non_blocking=True)
+        yield normalize_batch(crop_batch(images, offsets)), labels, ids
+
+
+def before_epoch(ctx: LoaderContext) -> dict[str, float]:
+    return ensure_loader_shards(ctx, SHARD_FORMAT)
+
+
+def data_files(ctx: LoaderContext) -> list[str]:
+    return shard_files(ctx)
+
+
+def build(ctx: LoaderContext) -> Iterable[Batch]:
+    manifest = trusted_manifest(ctx)
+    on_gpu = ctx.device.type == "cuda"
+    dataset = RawBatches(
+        paths=[str(ctx.shards_dir / shard.name) for shard in manifest.shards],
+        sizes=[shard.samples for shard in manifest.shards],
+        batch_size=ctx.batch_size,
+        # One draw per epoch from the run's seeded generator: every worker shuffles alike.
+        epoch_seed=int(torch.randint(0, 2**62, (1,)).item()),
+        crop=ctx.options.crop,
+        normalize=not on_gpu,
+    )
+    loader = data_loader(dataset, ctx, shuffle=False, batched=True)
+    return finish_on_device(loader, ctx.device) if on_gpu else loader

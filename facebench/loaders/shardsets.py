@@ -1,0 +1,56 @@
+"""What the shard-reading loaders share: build missing shards, trust only a complete manifest."""
+
+from __future__ import annotations
+
+import logging
+
+from facebench.errors import ShardError
+from facebench.loaders.base import LoaderContext
+from facebench.shards.build import ensure_shards
+from facebench.shards.manifest import Manifest
+
+log = logging.getLogger(__name__)
+
+
+def ensure_loader_shards(ctx: LoaderContext, shard_format: str) -> dict[str, float]:
+    """Build the shards if missing or outdated (before the clock); say if workers will idle."""
+    shard_set = ensure_shards(
+        ctx.data_root,
+        ctx.shards_dir,
+        shard_format,
+        seed=ctx.seed,
+        shard_size=ctx.shard_size,
+        n_procs=max(ctx.n_workers, 1),
+    )
+    n_shards = len(shard_set.manifest.shards)
+    if ctx.n_workers > n_shards and shard_format != "raw":
+        log.warning(
+            "%d shards for %d workers: %d workers will have no shard to read; "
+            "a smaller shard_size spreads the work",
+            n_shards,
+            ctx.n_workers,
+            ctx.n_workers - n_shards,
+        )
+    return {"prepare_s": shard_set.seconds} if shard_set.built else {}
+
+
+def trusted_manifest(ctx: LoaderContext) -> Manifest:
+    """The manifest of ctx.shards_dir, complete and with every shard the recorded size."""
+    manifest = Manifest.read(ctx.shards_dir)
+    if manifest is None:
+        raise ShardError(
+            f"{ctx.shards_dir}: no complete shard set (no manifest.json). Run: python prepare.py "
+            "with the same data overrides"
+        )
+    wrong = manifest.missing_or_resized(ctx.shards_dir)
+    if wrong:
+        raise ShardError(
+            f"{ctx.shards_dir / wrong[0]}: missing or not the size its manifest records "
+            f"({len(wrong)} such shards). Rebuild: python prepare.py format={manifest.format}"
+        )
+    return manifest
+
+
+def shard_files(ctx: LoaderContext) -> list[str]:
+    manifest = Manifest.read(ctx.shards_dir)
+    return [str(ctx.shards_dir / shard.name) for shard in manifest.shards] if manifest else []

@@ -1,0 +1,35 @@
+"""WebDataset tar shards of the original encoded files: JPEG/PNG bytes, label, sample id.
+
+Samples are grouped by key (the sample id, zero-padded): `<id>.jpg` for CelebA or `<id>.png` for
+DigiFace1M, and `<id>.cls` with the label. Decoding (and CelebA's crop) happens at train time, in
+the workers. Members carry fixed metadata so the same input always gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+from facebench.data.sources import CELEBA, Record
+
+SUFFIX = ".tar"
+EXTENSIONS = {"jpg", "png"}
+
+
+def _member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mode = 0o444
+    tar.addfile(info, io.BytesIO(data))
+
+
+def encode(samples: list[tuple[int, Record]]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for sample_id, record in samples:
+            key = f"{sample_id:09d}"
+            extension = "jpg" if record.source == CELEBA else "png"
+            with open(record.path, "rb") as file:
+                _member(tar, f"{key}.{extension}", file.read())
+            _member(tar, f"{key}.cls", str(record.label).encode())
+    return buffer.getvalue()

@@ -1,0 +1,137 @@
+"""The metrics mean what they say: consistent, sensitive to a slow loader, honest on the cache."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from facebench.epoch import run_epoch
+from facebench.order import batch_label_diversity, expected_distinct_labels, order_corr
+from facebench.pagecache import evict, resident_fraction, warm
+from facebench.runner import run_training, summarise
+
+
+def _batches(n_batches: int, batch_size: int = 16, delay_s: float = 0.0):
+    def build():
+        for index in range(n_batches):
+            if delay_s:
+                time.sleep(delay_s)  # a slow loader, on purpose
+            ids = torch.arange(index * batch_size, (index + 1) * batch_size)
+            yield torch.zeros(batch_size, 3, 8, 8), ids % 7, ids
+
+    return build
+
+
+def test_metrics_are_consistent(make_cfg):
+    metrics = run_training(make_cfg("loader=dataset", "n_workers=2"))
+    assert metrics["images_per_s"] * metrics["epoch_time_s"] == pytest.approx(
+        metrics["samples_seen"], rel=1e-6
+    )
+    assert metrics["samples_seen"] == metrics["batches"] * 8 == 120
+    assert 0 <= metrics["data_wait_frac"] <= 1
+    assert metrics["compute_s"] == pytest.approx(
+        metrics["epoch_time_s"] - metrics["data_wait_s"], abs=1e-9
+    )
+    assert 0 < metrics["time_to_first_batch_s"] < metrics["epoch_time_s"]
+    assert metrics["steady_images_per_s"] > 0
+    assert 0 < metrics["cpu_util_mean"] <= 100
+    assert metrics["peak_rss_mb"] > 50
+    assert metrics["samples_unique"] == 120
+    # No NVIDIA GPU here: GPU metrics are absent, never zeros.
+    assert not any(name.startswith("gpu_") for name in metrics)
+
+
+def test_a_slow_loader_shows_as_data_wait():
+    fast = run_epoch(_batches(10), None, torch.device("cpu"), sample_hz=0).times
+    slow = run_epoch(_batches(10, delay_s=0.03), None, torch.device("cpu"), sample_hz=0).times
+    assert slow.data_wait_s >= 10 * 0.03 * 0.9
+    assert slow.data_wait_frac > 0.8
+    assert slow.data_wait_frac > fast.data_wait_frac
+    assert slow.epoch_time_s > fast.epoch_time_s
+
+
+def test_max_batches_stops_the_epoch():
+    result = run_epoch(_batches(10), None, torch.device("cpu"), max_batches=3, sample_hz=0)
+    assert result.times.batches == 3 and result.times.samples_seen == 48
+
+
+def test_steady_rate_leaves_out_the_warmup():
+    # A loader that is slow only for its first batch: the steady rate must not see that.
+    def build():
+        for index, batch in enumerate(_batches(20)()):
+            if index == 0:
+                time.sleep(0.2)
+            yield batch
+
+    times = run_epoch(build, None, torch.device("cpu"), sample_hz=0).times
+    assert times.warmup_batches == 2
+    assert times.time_to_first_batch_s >= 0.2
+    assert times.steady_images_per_s > 3 * times.images_per_s
+
+
+def test_cold_evicts_and_warm_reads_in(synthetic_root):
+    files = sorted(str(p) for p in (synthetic_root / "DigiFace1M").rglob("*.png"))[:40]
+    warm(files)
+    assert resident_fraction(files) == pytest.approx(1.0)
+    evict(files)
+    assert resident_fraction(files) < 0.05
+    warm(files)
+    assert resident_fraction(files) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(("cache", "resident"), [("cold", 0.0), ("warm", 1.0)])
+def test_runs_record_the_cache_state_they_ran_in(make_cfg, cache, resident):
+    metrics = run_training(make_cfg(f"cache={cache}", "max_batches=1"))
+    assert metrics["cache_resident_frac"] == pytest.approx(resident, abs=0.05)
+
+
+def test_order_metrics_tell_a_shuffle_from_none():
+    rng = np.random.default_rng(0)
+    n = 5000
+    shuffled = rng.permutation(n)
+    assert order_corr(shuffled) < 0.05
+    assert order_corr(np.arange(n)) == pytest.approx(1.0)
+    assert order_corr(np.arange(n)[::-1]) == pytest.approx(1.0)
+    labels = np.repeat(np.arange(250), 20)  # identities grouped, as files on disk are
+    counts = np.bincount(labels)
+    batches = [labels[shuffled][i : i + 50] for i in range(0, n, 50)]
+    grouped = [labels[i : i + 50] for i in range(0, n, 50)]
+    assert batch_label_diversity(batches, counts) == pytest.approx(1.0, abs=0.03)
+    assert batch_label_diversity(grouped, counts) < 0.1
+
+
+def test_expected_distinct_labels_matches_simulation():
+    counts = np.array([1, 5, 20, 74])
+    rng = np.random.default_rng(1)
+    population = np.repeat(np.arange(4), counts)
+    simulated = np.mean([len(set(rng.choice(population, 10, replace=False))) for _ in range(4000)])
+    assert expected_distinct_labels(counts, 10) == pytest.approx(simulated, abs=0.05)
+
+
+def test_the_dataset_loader_shuffles(make_cfg):
+    metrics = run_training(make_cfg("loader=dataset"))
+    assert metrics["order_corr"] < 0.3  # 120 samples: chance level is about 0.09
+    assert metrics["batch_label_diversity"] > 0.8
+
+
+def test_repeat_logs_medians(make_cfg):
+    metrics = run_training(make_cfg("repeat=3", "max_batches=2"))
+    assert metrics["measured_epochs"] == 3
+    assert metrics["epoch_time_s_min"] <= metrics["epoch_time_s_median"]
+    assert metrics["epoch_time_s_median"] <= metrics["epoch_time_s_max"]
+
+
+def test_summarise_takes_medians():
+    summary = summarise([{"epoch_time_s": t} for t in (3.0, 1.0, 2.0)])
+    assert summary["epoch_time_s_median"] == 2.0
+    assert (summary["epoch_time_s_min"], summary["epoch_time_s_max"]) == (1.0, 3.0)
+
+
+def test_compute_ceiling_loader_runs_without_files(make_cfg):
+    metrics = run_training(make_cfg("loader=synthetic", "model=resnet18"))
+    assert metrics["samples_seen"] == 120
+    assert "order_corr" not in metrics  # no real samples to order
+    assert "cache_resident_frac" not in metrics
