@@ -19,7 +19,31 @@ import tempfile
 
 from common import machine, run_train, stamp, table, write_section
 
-LOADERS = ["dataset", "datapipe", "pickle"]
+LOADERS = ["dataset", "datapipe", "pickle", "raw", "webdataset", "nodes"]
+
+
+def crop_normalize_limit(batch_size: int, seconds: float = 3.0) -> float:
+    """Images/s at which this machine crops and normalizes uint8 batches already in memory.
+
+    Whatever a loader does before, a CPU device still needs this step, so no loader that
+    delivers ready batches to a CPU device can beat it. Uses torch's threads (all cores).
+    """
+    import time
+
+    import numpy as np
+    import torch
+
+    from facebench.data.batch_transforms import crop_batch, crop_offsets, normalize_batch
+
+    rng = np.random.default_rng(0)
+    images = torch.randint(0, 256, (batch_size, 112, 112, 3), dtype=torch.uint8)
+    offsets = torch.from_numpy(crop_offsets(batch_size, "random", rng))
+    normalize_batch(crop_batch(images, offsets))  # warm-up
+    done, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        normalize_batch(crop_batch(images, offsets))
+        done += batch_size
+    return done / (time.perf_counter() - start)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -124,6 +148,12 @@ def main(argv: list[str] | None = None) -> None:
         + "`; "
         f"medians of {args.repeat} epochs per row (memory and CPU of the last).\n\n"
         + table(header, rows)
+    )
+    limit = crop_normalize_limit(args.batch_size)
+    text += (
+        f"\nLimit on a CPU device: cropping and normalizing uint8 batches already in memory runs "
+        f"at {limit:,.0f} images/s here (all cores, one process); no loader can deliver ready "
+        "batches faster.\n"
     )
     if ceilings:
         text += (

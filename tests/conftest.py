@@ -98,3 +98,15 @@ def isolated_env(tmp_path: Path) -> dict[str, str]:
     env["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU tests are skipped, not deleted, where there is no CUDA device."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -11,7 +11,11 @@ from facebench.loaders.base import LoaderContext
 from facebench.runner import loader_context
 from tests.helpers import assert_same_samples, delivered, expected
 
-SEED_LOADERS = ["dataset", "datapipe", "pickle", "raw"]
+EXACT = ["dataset", "datapipe", "pickle", "raw"]  # pixel for pixel the seed's preprocessing
+# torchvision.io + tensor resampling: the same decoders, resampling rounds a little differently.
+CLOSE = ["webdataset", "nodes"]
+LOADERS = EXACT + CLOSE
+TOLERANCE = 4 / 255 / 0.225  # four grey levels, in normalized units
 
 
 def context(cfg, root) -> LoaderContext:
@@ -40,7 +44,7 @@ def _epoch(make_cfg, synthetic_root, name, n_workers, batch_size):
     return delivered(module.build(ctx))
 
 
-@pytest.mark.parametrize("name", SEED_LOADERS)
+@pytest.mark.parametrize("name", LOADERS)
 @pytest.mark.parametrize("n_workers", [0, 2])
 def test_every_sample_exactly_once(make_cfg, synthetic_root, truth, name, n_workers):
     # 120 images in batches of 4. Iterable pipelines batch inside each worker, so drop_last
@@ -48,14 +52,14 @@ def test_every_sample_exactly_once(make_cfg, synthetic_root, truth, name, n_work
     # pickle) nothing is dropped and the epoch must be exactly the whole set.
     seen = _epoch(make_cfg, synthetic_root, name, n_workers, batch_size=4)
     assert len(seen) == len(truth)
-    assert_same_samples(seen, truth)
+    assert_same_samples(seen, truth, atol=TOLERANCE if name in CLOSE else 1e-5)
 
 
-@pytest.mark.parametrize("name", SEED_LOADERS)
+@pytest.mark.parametrize("name", LOADERS)
 def test_drop_last_drops_only_a_remainder(make_cfg, synthetic_root, truth, name):
     n_workers, batch_size = 2, 50
     seen = _epoch(make_cfg, synthetic_root, name, n_workers, batch_size)  # fails on repeats
-    assert_same_samples(seen, truth)
+    assert_same_samples(seen, truth, atol=TOLERANCE if name in CLOSE else 1e-5)
     total = len(seen)
     assert total % batch_size == 0
     # A map-style loader drops one remainder; an iterable one up to one per worker.

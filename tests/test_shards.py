@@ -60,12 +60,14 @@ def test_same_seed_same_shards_other_seed_other_order(data_copy, tmp_path):
     assert [s.sha256 for s in first.shards] != [s.sha256 for s in other.shards]
 
 
-def test_rerun_with_unchanged_inputs_does_nothing(data_copy, tmp_path, caplog):
+@pytest.mark.parametrize("shard_format", ["pickle", "raw", "tar"])
+def test_rerun_with_unchanged_inputs_does_nothing(data_copy, tmp_path, caplog, shard_format):
     folder = tmp_path / "shards"
-    ensure_shards(data_copy, folder, "pickle", shard_size=50)
+    first = ensure_shards(data_copy, folder, shard_format, shard_size=50)
+    assert first.built and [s.samples for s in first.manifest.shards] == [50, 50, 20]
     stamps = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
     with caplog.at_level(logging.INFO):
-        again = ensure_shards(data_copy, folder, "pickle", shard_size=50)
+        again = ensure_shards(data_copy, folder, shard_format, shard_size=50)
     assert not again.built
     assert "up to date" in caplog.text and "nothing to do" in caplog.text
     assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == stamps
@@ -114,13 +116,18 @@ def test_loader_refuses_a_folder_without_manifest(make_cfg, data_copy, tmp_path)
         pickle_loader.build(context(cfg, data_copy))
 
 
-def test_prepare_entry_point_writes_where_train_reads(make_cfg, tmp_path):
-    cfg = make_cfg(f"shards_dir={tmp_path}", "shard_size=50", config_name="prepare")
+@pytest.mark.parametrize(
+    ("shard_format", "loader"), [("pickle", "pickle"), ("raw", "raw"), ("tar", "webdataset")]
+)
+def test_prepare_entry_point_writes_where_train_reads(make_cfg, tmp_path, shard_format, loader):
+    cfg = make_cfg(
+        f"shards_dir={tmp_path}", "shard_size=50", f"format={shard_format}", config_name="prepare"
+    )
     shard_set = run_prepare(cfg, output_dir=tmp_path / "out")
-    assert shard_set.folder == tmp_path / "pickle"
+    assert shard_set.folder == tmp_path / shard_format
     assert Manifest.read(shard_set.folder) is not None
     assert (tmp_path / "out" / "results.json").is_file()
-    train_cfg = make_cfg("loader=pickle", f"shards_dir={tmp_path}", "shard_size=50")
+    train_cfg = make_cfg(f"loader={loader}", f"shards_dir={tmp_path}", "shard_size=50")
     metrics = run_training(train_cfg)
     assert "prepare_s" not in metrics  # the shards were already there
     assert metrics["samples_seen"] == 120

@@ -22,7 +22,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from facebench.config import LoaderConfig
 from facebench.data.batch_transforms import crop_batch, crop_offsets, normalize_batch
-from facebench.loaders.base import Batch, LoaderContext, data_loader
+from facebench.loaders.base import Batch, LoaderContext, data_loader, finish_on_device
 from facebench.loaders.shardsets import ensure_loader_shards, shard_files, trusted_manifest
 from facebench.shards import raw_format
 
@@ -85,14 +85,6 @@ class RawBatches(IterableDataset):
             out[np.flatnonzero(mask)[order]] = records[local[order]]
             del records
         return out
-
-
-def finish_on_device(batches: Iterable, device: torch.device) -> Iterator[Batch]:
-    """Move uint8 batches to the device, then crop and normalize them there."""
-    for images, labels, ids, offsets in batches:
-        images = images.to(device, non_blocking=True)
-        offsets = offsets.to(device, non_blocking=True)
-        yield normalize_batch(crop_batch(images, offsets)), labels, ids
 
 
 def before_epoch(ctx: LoaderContext) -> dict[str, float]:

@@ -1,0 +1,169 @@
+"""WebDataset: tar shards of the original JPEG/PNG files, read front to back, decoded in workers.
+
+prepare.py (format=tar) writes the encoded files with their labels into tar shards, shuffled once.
+Each epoch the shard list is shuffled and split among the workers (whole shards, as the seed's
+pickle loader does), each worker streams its tars sequentially, shuffles samples in a buffer of
+`shuffle_buffer`, decodes and batches them. Sequential reads of large files instead of random
+access to small ones is what it brings; the decoding cost stays.
+
+decoder=torchvision (the default) decodes with torchvision.io into uint8 and normalizes whole
+batches; decoder=pil runs the seed's per-sample PIL transform. device_decode=true (CUDA only)
+sends CelebA's JPEG bytes to the main process and decodes them in batches on the GPU with
+nvJPEG; PNGs are decoded in the workers either way. On a CPU device it is ignored, with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import webdataset as wds
+
+from facebench.config import LoaderConfig
+from facebench.data.batch_transforms import crop_batch, crop_offsets, normalize_batch
+from facebench.data.fast_decode import decode_resized, resize_sample
+from facebench.data.images import decode_sample
+from facebench.data.sources import CELEBA, DIGIFACE
+from facebench.data.transforms import RESIZE
+from facebench.errors import ConfigError
+from facebench.loaders.base import Batch, LoaderContext, data_loader, finish_on_device
+from facebench.loaders.shardsets import ensure_loader_shards, shard_files, trusted_manifest
+
+log = logging.getLogger(__name__)
+
+SHARD_FORMAT = "tar"
+DECODERS = ("torchvision", "pil")
+
+
+@dataclass
+class Options(LoaderConfig):
+    # Samples each worker shuffles after reading them from its shards.
+    shuffle_buffer: int = 1000
+    # torchvision: torchvision.io + batched tensor transforms; pil: the seed's PIL transform.
+    decoder: str = "torchvision"
+    # CUDA only: decode CelebA's JPEGs in batches on the GPU.
+    device_decode: bool = False
+
+
+class Decode:
+    """A tar sample -> (image, label, id): a transformed tensor (pil), uint8 112x112 HWC
+    (torchvision), or, for JPEGs left to the GPU, the encoded bytes."""
+
+    def __init__(self, decoder: str, transform, keep_jpeg: bool) -> None:
+        self.decoder = decoder
+        self.transform = transform
+        self.keep_jpeg = keep_jpeg
+
+    def __call__(self, sample: dict) -> tuple:
+        source, data = (CELEBA, sample["jpg"]) if "jpg" in sample else (DIGIFACE, sample["png"])
+        label, sample_id = int(sample["cls"]), int(sample["__key__"])
+        if self.keep_jpeg and source == CELEBA:
+            return torch.frombuffer(bytearray(data), dtype=torch.uint8), label, sample_id
+        if self.decoder == "pil":
+            return self.transform(decode_sample(data, source)), label, sample_id
+        return decode_resized(data, source), label, sample_id
+
+
+class Collate:
+    """A list of decoded samples -> one batch, cropped and normalized where that belongs."""
+
+    def __init__(self, decoder: str, crop: str, normalize: bool, keep_jpeg: bool) -> None:
+        self.decoder = decoder
+        self.crop = crop
+        self.normalize = normalize
+        self.keep_jpeg = keep_jpeg
+
+    def __call__(self, samples: list[tuple]) -> tuple:
+        labels = torch.tensor([label for _, label, _ in samples])
+        ids = torch.tensor([sample_id for _, _, sample_id in samples])
+        if self.decoder == "pil":
+            return torch.stack([image for image, _, _ in samples]), labels, ids
+        rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,)).item()))
+        offsets = torch.from_numpy(crop_offsets(len(samples), self.crop, rng))
+        if self.keep_jpeg:
+            return (*_pack_jpegs(samples), labels, ids, offsets)
+        images = torch.stack([image for image, _, _ in samples])
+        if self.normalize:
+            return normalize_batch(crop_batch(images, offsets)), labels, ids
+        return images, labels, ids, offsets
+
+
+def _pack_jpegs(samples: list[tuple]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Decoded PNGs in a uint8 batch; JPEG bytes concatenated, with each one's length and slot.
+
+    One tensor for all JPEG bytes crosses from the worker in one piece rather than one per image.
+    """
+    images = torch.zeros((len(samples), *RESIZE, 3), dtype=torch.uint8)
+    jpegs, lengths, slots = [], [], []
+    for slot, (image, _, _) in enumerate(samples):
+        if image.dim() == 1:
+            jpegs.append(image)
+            lengths.append(len(image))
+            slots.append(slot)
+        else:
+            images[slot] = image
+    packed = torch.cat(jpegs) if jpegs else torch.empty(0, dtype=torch.uint8)
+    return images, packed, torch.tensor([lengths, slots], dtype=torch.int64).reshape(2, -1)
+
+
+def decode_jpegs_on_device(batches: Iterable, device: torch.device) -> Iterator[Batch]:
+    """Finish batches whose CelebA JPEGs are still encoded: decode on the GPU, crop, normalize."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    for images, packed, jpeg_index, labels, ids, offsets in batches:
+        images = images.to(device, non_blocking=True)
+        lengths, slots = jpeg_index.tolist()
+        if lengths:
+            encoded = list(torch.split(packed, lengths))
+            decoded = decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device)
+            images[slots] = torch.stack([resize_sample(image, CELEBA) for image in decoded])
+        offsets = offsets.to(device, non_blocking=True)
+        yield normalize_batch(crop_batch(images, offsets)), labels, ids
+
+
+def before_epoch(ctx: LoaderContext) -> dict[str, float]:
+    options: Options = ctx.options
+    if options.decoder not in DECODERS:
+        raise ConfigError(f"loader.decoder={options.decoder}: use one of {', '.join(DECODERS)}")
+    if options.device_decode and options.decoder != "torchvision":
+        raise ConfigError("loader.device_decode=true needs loader.decoder=torchvision")
+    if options.device_decode and ctx.device.type != "cuda":
+        log.warning("loader.device_decode=true needs a CUDA device; decoding on the CPU instead")
+    return ensure_loader_shards(ctx, SHARD_FORMAT)
+
+
+def data_files(ctx: LoaderContext) -> list[str]:
+    return shard_files(ctx)
+
+
+def build(ctx: LoaderContext) -> Iterable[Batch]:
+    options: Options = ctx.options
+    manifest = trusted_manifest(ctx)
+    on_gpu = ctx.device.type == "cuda"
+    keep_jpeg = options.device_decode and on_gpu and options.decoder == "torchvision"
+    # A new shard order each epoch, drawn in the main process so all workers agree on it before
+    # split_by_worker hands each its share.
+    seed = int(torch.randint(0, 2**62, (1,)).item())
+    urls = [str(ctx.shards_dir / shard.name) for shard in manifest.shards]
+    urls = [urls[i] for i in np.random.default_rng(seed).permutation(len(urls))]
+    pipeline = wds.DataPipeline(
+        wds.SimpleShardList(urls),
+        wds.split_by_worker,
+        wds.tarfile_to_samples(),
+        wds.shuffle(options.shuffle_buffer, seed=seed),
+        wds.map(Decode(options.decoder, ctx.transform, keep_jpeg)),
+        wds.batched(
+            ctx.batch_size,
+            collation_fn=Collate(options.decoder, options.crop, not on_gpu, keep_jpeg),
+            partial=False,
+        ),
+    )
+    loader = data_loader(pipeline, ctx, shuffle=False, batched=True)
+    if keep_jpeg:
+        return decode_jpegs_on_device(loader, ctx.device)
+    if on_gpu and options.decoder == "torchvision":
+        return finish_on_device(loader, ctx.device)
+    return loader
