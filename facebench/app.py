@@ -34,6 +34,15 @@ def sweep_id() -> str:
     return hashlib.sha1(str(Path(folder).resolve()).encode()).hexdigest()[:10]
 
 
+def user_message(error: FacebenchError) -> str:
+    """The message, without the worker traceback a DataLoader wraps around errors from workers."""
+    text = str(error)
+    marker = f"{type(error).__name__}: "
+    if "Original Traceback" in text and marker in text:
+        return text.rsplit(marker, 1)[1].strip()
+    return text
+
+
 def run_job(task: Callable[..., T], cfg: DictConfig) -> T:
     """Run one job; a user error is one clear line, not a traceback.
 

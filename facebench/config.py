@@ -64,6 +64,9 @@ class CommonConfig:
     shard_size: int = 10_000
     # Where shards are written and read; empty means <data folder>/facebench-shards.
     shards_dir: str = ""
+    # A file that is missing, empty or does not decode: raise (stop, naming it) or skip (leave it
+    # out of every loader alike, and count it).
+    on_bad_sample: str = "raise"
 
 
 @dataclass
@@ -83,6 +86,9 @@ class TrainConfig(CommonConfig):
     repeat: int = 1
     # Resource samples per second (memory, GPU); 0 samples only at the start and end of an epoch.
     sample_hz: float = 4.0
+    # Hash every shard against its manifest before the epoch (pickle shards are always hashed
+    # before they are unpickled; raw and tar are otherwise checked by size).
+    verify_shards: bool = False
     # Record the run in MLflow; false runs with no tracking at all.
     tracking: bool = True
     lr: float = 0.1
@@ -140,6 +146,7 @@ def validate(cfg: DictConfig) -> None:
         "model.name": MODELS,
         "loader.crop": CROPS,
         "cache": CACHE_MODES,
+        "on_bad_sample": ("raise", "skip"),
     }
     for key, allowed in choices.items():
         value = OmegaConf.select(cfg, key)

@@ -15,14 +15,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from facebench import loaders
 from facebench.config import validate
+from facebench.data.check import usable_records
 from facebench.data.roots import data_root, shards_root
 from facebench.data.sources import LabelSpace, Record, read_records
 from facebench.data.transforms import seed_transform
 from facebench.device import Precision, device_name, resolve_device, resolve_precision
 from facebench.epoch import build_trainer, run_epoch
-from facebench.errors import FacebenchError
+from facebench.errors import ConfigError, FacebenchError
 from facebench.loaders.base import LoaderContext
 from facebench.pagecache import prepare_cache, resident_fraction
+from facebench.paths import cache_dir
 from facebench.tracking import Tracker, flatten, git_commit, write_results
 
 log = logging.getLogger(__name__)
@@ -94,6 +96,7 @@ def loader_context(
     records: list[Record],
     labels: LabelSpace,
     device: torch.device,
+    excluded: frozenset[str] = frozenset(),
 ) -> LoaderContext:
     """What the configured loader gets to build its pipeline from."""
     return LoaderContext(
@@ -108,6 +111,10 @@ def loader_context(
         transform=seed_transform(cfg.loader.crop),
         shards_dir=shards_root(cfg.shards_dir, root, getattr(loader, "SHARD_FORMAT", "none")),
         shard_size=cfg.shard_size,
+        excluded=excluded,
+        on_bad_sample=cfg.on_bad_sample,
+        verify_shards=cfg.verify_shards,
+        cache=cache_dir(cfg.data.cache_dir),
     )
 
 
@@ -125,10 +132,22 @@ def _run(
     metrics: dict[str, float],
 ) -> None:
     _seed_everything(cfg.seed)
-    root = data_root(cfg.data, n_procs=max(cfg.n_workers, 1))
-    records, labels = read_records(root)
+    n_procs = max(cfg.n_workers, 1)
+    root = data_root(cfg.data, n_procs=n_procs)
+    all_records, labels = read_records(root)
+    usable = usable_records(
+        all_records, root, cfg.on_bad_sample, cache_dir(cfg.data.cache_dir), n_procs
+    )
+    records = usable.records
+    metrics["samples_skipped"] = float(len(usable.skipped))
+    if len(records) < cfg.batch_size:
+        raise ConfigError(
+            f"batch_size={cfg.batch_size} is larger than the {len(records)} usable samples in "
+            f"{root}; with drop_last no batch would be delivered. Use a smaller batch_size "
+            "(or more data: data.n_images for the synthetic set)"
+        )
     loader = loaders.get(cfg.loader.name)
-    ctx = loader_context(cfg, loader, root, records, labels, device)
+    ctx = loader_context(cfg, loader, root, records, labels, device, usable.excluded)
     if hasattr(loader, "before_epoch"):
         metrics.update(loader.before_epoch(ctx))
     trainer = None
@@ -176,15 +195,52 @@ def _run(
         per_epoch.append(epoch_metrics)
         metrics.update(epoch_metrics)
         _log_epoch(step, result.times, epoch_metrics)
-        if result.times.samples_seen == 0:
-            raise FacebenchError(
-                f"loader={cfg.loader.name} delivered no batch of {cfg.batch_size} from "
-                f"{len(records)} samples with n_workers={cfg.n_workers}: use more data, a smaller "
-                "batch_size or fewer workers"
-            )
+        if not cfg.max_batches and not loader_is_ceiling(loader):
+            check_exactly_once(cfg, loader, len(records), epoch_metrics)
     summary = summarise(per_epoch)
     metrics.update(summary)
-    tracker.log_metrics({**summary, **{k: v for k, v in metrics.items() if k == "prepare_s"}})
+    once = {k: v for k, v in metrics.items() if k in ("prepare_s", "samples_skipped")}
+    tracker.log_metrics({**summary, **once})
+    if usable.skipped:
+        log.warning(
+            "on_bad_sample=skip: %d samples were left out (samples_skipped)", len(usable.skipped)
+        )
+
+
+def loader_is_ceiling(loader: ModuleType) -> bool:
+    return getattr(loader, "SYNTHETIC", False)
+
+
+def check_exactly_once(
+    cfg: DictConfig, loader: ModuleType, n_samples: int, metrics: dict[str, float]
+) -> None:
+    """Fail loudly when an epoch repeated samples or delivered a different count than it must.
+
+    Loaders that batch in one place drop one remainder: exactly n - n % batch_size samples.
+    Loaders whose workers each batch their own shards drop up to one remainder per worker.
+    """
+    seen = int(metrics["samples_seen"])
+    unique = int(metrics.get("samples_unique", seen))
+    batch = cfg.batch_size
+    if unique != seen:
+        raise FacebenchError(
+            f"loader={cfg.loader.name} delivered {seen - unique} samples more than once in one "
+            "epoch; its results would misreport the pipeline. This is a bug in the loader"
+        )
+    if getattr(loader, "BATCHES_PER_WORKER", False):
+        workers = max(cfg.n_workers, 1)
+        low, high = max(0, n_samples - workers * (batch - 1)), n_samples
+        ok = low <= seen <= high and seen % batch == 0
+        expected = f"between {low} and {high}, in whole batches"
+    else:
+        ok = seen == n_samples - n_samples % batch
+        expected = str(n_samples - n_samples % batch)
+    if not ok:
+        raise FacebenchError(
+            f"loader={cfg.loader.name} delivered {seen} samples in an epoch, expected {expected} "
+            f"of {n_samples} (batch_size={batch}, n_workers={cfg.n_workers}); the run is not a "
+            "fair measurement. Check the shards (prepare.py) or report a bug"
+        )
 
 
 def summarise(per_epoch: list[dict[str, float]]) -> dict[str, float]:

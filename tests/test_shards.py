@@ -78,12 +78,9 @@ def test_changed_settings_or_inputs_rebuild(data_copy, tmp_path):
     ensure_shards(data_copy, folder, "pickle", shard_size=50)
     resized = ensure_shards(data_copy, folder, "pickle", shard_size=40)
     assert resized.built and len(resized.manifest.shards) == 3
-    assert sorted(p.name for p in folder.iterdir()) == [
-        MANIFEST,
-        "shard-00000.pickle",
-        "shard-00001.pickle",
-        "shard-00002.pickle",
-    ]
+    names = [f"shard-0000{i}.pickle" for i in range(3)]
+    index = [f"{name}.index.npy" for name in names]
+    assert sorted(p.name for p in folder.iterdir()) == sorted([MANIFEST, *names, *index])
     image = next((data_copy / "DigiFace1M" / "0").iterdir())
     shutil.copy(image, image.with_name("999.png"))
     grown = ensure_shards(data_copy, folder, "pickle", shard_size=40)

@@ -14,7 +14,7 @@ import torch
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2 import functional
 
-from facebench.data.images import CELEBA_BOX
+from facebench.data.images import CELEBA_BOX, bad_image
 from facebench.data.sources import CELEBA
 from facebench.data.transforms import RESIZE
 
@@ -27,12 +27,16 @@ warnings.filterwarnings(
 )
 
 
-def decode_resized(data: bytes | torch.Tensor, source: str) -> torch.Tensor:
+def decode_resized(data: bytes | torch.Tensor, source: str, name: str = "<bytes>") -> torch.Tensor:
     """Encoded JPEG/PNG bytes -> (112, 112, 3) uint8, HWC, as the seed prepared it."""
     if not isinstance(data, torch.Tensor):
+        if not data:
+            raise bad_image(name, ValueError("empty file"))
         data = torch.frombuffer(bytearray(data), dtype=torch.uint8)  # a writable copy
-    encoded = data
-    image = decode_image(encoded, mode=ImageReadMode.RGB)  # (3, H, W) uint8
+    try:
+        image = decode_image(data, mode=ImageReadMode.RGB)  # (3, H, W) uint8
+    except RuntimeError as error:
+        raise bad_image(name, error) from None
     return resize_sample(image, source)
 
 

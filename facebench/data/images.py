@@ -1,31 +1,55 @@
-"""Decoding one sample as the seed did, shared by every loader and by prepare.py."""
+"""Decoding one sample as the seed did, shared by every loader and by prepare.py.
+
+A file that cannot be decoded raises DataError naming it, in whichever process decodes it; the
+DataLoader carries that to the main process, which reports it in one line.
+"""
 
 from __future__ import annotations
 
 import io
 
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from facebench.data.sources import CELEBA
+from facebench.errors import DataError
 
 # CelebA's aligned faces are framed more loosely than DigiFace1M's: this 128x128 box
 # (left, top, right, bottom) brings them to a similar crop, as the seed did.
 CELEBA_BOX = (25, 45, 153, 173)
+_DECODE_ERRORS = (OSError, UnidentifiedImageError, SyntaxError, ValueError)
 
 
 def as_sample(image: Image.Image, source: str) -> Image.Image:
-    """An opened image as the seed used it: RGB, and CelebA cropped to 128x128."""
+    """An opened image as the seed used it: RGB (from grey, palette or RGBA), CelebA cropped."""
     rgb = image.convert("RGB")
     return rgb.crop(CELEBA_BOX) if source == CELEBA else rgb
 
 
+def bad_image(path: str, error: Exception) -> DataError:
+    return DataError(
+        f"{path}: cannot decode this image ({type(error).__name__}: {error}). Replace or remove "
+        "the file, or run with on_bad_sample=skip to leave such files out"
+    )
+
+
 def open_sample(path: str, source: str) -> Image.Image:
     """The decoded RGB image of one record: CelebA cropped to 128x128, DigiFace RGBA -> RGB."""
-    with Image.open(path) as image:
-        return as_sample(image, source)
+    try:
+        with Image.open(path) as image:
+            return as_sample(image, source)
+    except FileNotFoundError:
+        raise DataError(
+            f"{path}: image not found (listed in the labels or found earlier). Restore it, or "
+            "run with on_bad_sample=skip"
+        ) from None
+    except _DECODE_ERRORS as error:
+        raise bad_image(path, error) from None
 
 
-def decode_sample(data: bytes, source: str) -> Image.Image:
-    """The same from a file's bytes (as read from a tar shard)."""
-    with Image.open(io.BytesIO(data)) as image:
-        return as_sample(image, source)
+def decode_sample(data: bytes, source: str, name: str = "<bytes>") -> Image.Image:
+    """The same from a file's bytes (as read from a tar shard); `name` is used in errors."""
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            return as_sample(image, source)
+    except _DECODE_ERRORS as error:
+        raise bad_image(name, error) from None

@@ -36,6 +36,12 @@ class LoaderContext:
     transform: Callable[[Any], torch.Tensor]
     shards_dir: Path
     shard_size: int
+    # Paths left out with on_bad_sample=skip; loaders that list files themselves drop these too.
+    excluded: frozenset[str] = frozenset()
+    on_bad_sample: str = "raise"
+    verify_shards: bool = False
+    # Where facebench keeps its own files (checks, generated data).
+    cache: Path = Path(".cache")
 
     @property
     def pin_memory(self) -> bool:
@@ -75,3 +81,10 @@ def finish_on_device(batches: Iterable, device: torch.device) -> Iterator[Batch]
         images = images.to(device, non_blocking=True)
         offsets = offsets.to(device, non_blocking=True)
         yield normalize_batch(crop_batch(images, offsets)), labels, ids
+
+
+def usable(records: list[Record], ctx: LoaderContext) -> list[Record]:
+    """Records a loader listed itself, less those on_bad_sample=skip left out."""
+    if not ctx.excluded:
+        return records
+    return [record for record in records if record.path not in ctx.excluded]

@@ -33,7 +33,7 @@ from facebench.config import LoaderConfig
 from facebench.data.images import open_sample
 from facebench.data.sample_index import SampleIndex
 from facebench.data.sources import CELEBA, DIGIFACE, LabelSpace, celeba_records, digiface_record
-from facebench.loaders.base import Batch, LoaderContext, data_loader
+from facebench.loaders.base import Batch, LoaderContext, data_loader, usable
 
 PipeRecord = tuple[str, int, str, int]  # path, label, source, sample id
 
@@ -42,6 +42,16 @@ PipeRecord = tuple[str, int, str, int]  # path, label, source, sample id
 class Options(LoaderConfig):
     # Records held by each worker's Shuffler; the seed's 100,000.
     shuffle_buffer: int = 100_000
+
+
+class Keep:
+    """Drop paths that on_bad_sample=skip left out (picklable, for the workers)."""
+
+    def __init__(self, excluded: frozenset[str]) -> None:
+        self.excluded = excluded
+
+    def __call__(self, path: str) -> bool:
+        return path not in self.excluded
 
 
 class DigiFaceRecord:
@@ -76,11 +86,13 @@ def build_datapipe(ctx: LoaderContext) -> IterDataPipe:
     options: Options = ctx.options
     celeba = [
         (r.path, r.label, r.source, i)
-        for i, r in enumerate(celeba_records(ctx.data_root, ctx.labels))
+        for i, r in enumerate(usable(celeba_records(ctx.data_root, ctx.labels), ctx))
     ]
     n_celeba = len(celeba)
     ids = SampleIndex([r.path for r in ctx.records if r.source != CELEBA], offset=n_celeba)
     digiface = FileLister(str(Path(ctx.data_root) / DIGIFACE), masks="*.png", recursive=True)
+    if ctx.excluded:
+        digiface = digiface.filter(Keep(ctx.excluded))
     pipe = IterableWrapper(celeba, deepcopy=False).concat(
         digiface.map(DigiFaceRecord(ctx.labels, ids))
     )

@@ -13,7 +13,7 @@ from torch.utils.data import ConcatDataset, Dataset
 from facebench.config import LoaderConfig
 from facebench.data.images import open_sample
 from facebench.data.sources import Record, celeba_records, digiface_records
-from facebench.loaders.base import Batch, LoaderContext, data_loader
+from facebench.loaders.base import Batch, LoaderContext, data_loader, usable
 
 Options = LoaderConfig
 
@@ -36,8 +36,8 @@ class RecordDataset(Dataset):
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:
-    celeba = RecordDataset(celeba_records(ctx.data_root, ctx.labels), ctx.transform)
+    celeba = RecordDataset(usable(celeba_records(ctx.data_root, ctx.labels), ctx), ctx.transform)
     digiface = RecordDataset(
-        digiface_records(ctx.data_root, ctx.labels), ctx.transform, first_id=len(celeba)
+        usable(digiface_records(ctx.data_root, ctx.labels), ctx), ctx.transform, len(celeba)
     )
     return data_loader(ConcatDataset([celeba, digiface]), ctx, shuffle=True)

@@ -35,7 +35,7 @@ from facebench.data.fast_decode import decode_resized
 from facebench.data.images import open_sample
 from facebench.data.sources import Record, celeba_records, digiface_records
 from facebench.errors import ConfigError
-from facebench.loaders.base import Batch, LoaderContext, finish_on_device
+from facebench.loaders.base import Batch, LoaderContext, finish_on_device, usable
 
 METHODS = ("process", "thread")
 DECODERS = ("torchvision", "pil")
@@ -76,7 +76,7 @@ class LoadBatch:
         if self.decoder == "pil":
             images = [self.transform(open_sample(r.path, r.source)) for r in chosen]
             return torch.stack(images), labels, ids
-        images = torch.stack([decode_resized(_read(r.path), r.source) for r in chosen])
+        images = torch.stack([decode_resized(_read(r.path), r.source, r.path) for r in chosen])
         rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,)).item()))
         offsets = torch.from_numpy(crop_offsets(len(chosen), self.crop, rng))
         if self.normalize:
@@ -101,8 +101,8 @@ def before_epoch(ctx: LoaderContext) -> dict[str, float]:
 def build(ctx: LoaderContext) -> Iterable[Batch]:
     options: Options = ctx.options
     # Listed inside the clock, as loader=dataset does: the same start-up work.
-    records = celeba_records(ctx.data_root, ctx.labels)
-    records += digiface_records(ctx.data_root, ctx.labels)
+    records = usable(celeba_records(ctx.data_root, ctx.labels), ctx)
+    records += usable(digiface_records(ctx.data_root, ctx.labels), ctx)
     on_gpu = ctx.device.type == "cuda"
     generator = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,)).item()))
     node = SamplerWrapper(RandomSampler(range(len(records)), generator=generator))

@@ -29,6 +29,8 @@ from facebench.shards.manifest import read_verified
 
 Options = LoaderConfig
 SHARD_FORMAT = "pickle"
+# Each worker batches the shards it reads: up to one partial batch dropped per worker.
+BATCHES_PER_WORKER = True
 
 
 @torch.utils.data.functional_datapipe("load_pickle_data")

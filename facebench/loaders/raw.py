@@ -25,6 +25,7 @@ from facebench.data.batch_transforms import crop_batch, crop_offsets, normalize_
 from facebench.loaders.base import Batch, LoaderContext, data_loader, finish_on_device
 from facebench.loaders.shardsets import ensure_loader_shards, shard_files, trusted_manifest
 from facebench.shards import raw_format
+from facebench.shards.manifest import read_index
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ class RawBatches(IterableDataset):
     def __init__(
         self,
         paths: list[str],
+        index: np.ndarray,
         sizes: list[int],
         batch_size: int,
         epoch_seed: int,
@@ -45,6 +47,8 @@ class RawBatches(IterableDataset):
         normalize: bool,
     ) -> None:
         self.paths = paths
+        self.labels = np.ascontiguousarray(index["label"])  # verified against the manifest
+        self.ids = np.ascontiguousarray(index["id"])
         self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.batch_size = batch_size
         self.epoch_seed = epoch_seed
@@ -60,30 +64,29 @@ class RawBatches(IterableDataset):
         order = np.random.default_rng(self.epoch_seed).permutation(int(self.starts[-1]))
         for index in range(worker_id, len(self), n_workers):
             chosen = order[index * self.batch_size : (index + 1) * self.batch_size]
-            records = self._gather(chosen)
+            images = torch.from_numpy(self._gather(chosen))
             # Per-batch crop randomness, so results do not depend on the number of workers.
             rng = np.random.default_rng([self.epoch_seed, index])
             offsets = torch.from_numpy(crop_offsets(len(chosen), self.crop, rng))
-            images = torch.from_numpy(records["image"])
-            labels = torch.from_numpy(records["label"])
-            ids = torch.from_numpy(records["id"])
+            labels = torch.from_numpy(self.labels[chosen])
+            ids = torch.from_numpy(self.ids[chosen])
             if self.normalize:
                 yield normalize_batch(crop_batch(images, offsets)), labels, ids
             else:
                 yield images, labels, ids, offsets
 
     def _gather(self, positions: np.ndarray) -> np.ndarray:
-        """The records at these global positions, in this order."""
-        out = np.empty(len(positions), dtype=raw_format.RECORD)
+        """The images at these global positions, in this order."""
+        out = np.empty((len(positions), *raw_format.SHAPE), dtype=np.uint8)
         shard_of = np.searchsorted(self.starts, positions, side="right") - 1
         for shard in np.unique(shard_of):
             mask = shard_of == shard
             local = positions[mask] - self.starts[shard]
             # Mapped only for this gather: the pages do not stay in the worker's memory.
-            records = raw_format.open_shard(self.paths[shard])
+            images = raw_format.open_shard(self.paths[shard])
             order = np.argsort(local)  # ascending offsets read the file front to back
-            out[np.flatnonzero(mask)[order]] = records[local[order]]
-            del records
+            out[np.flatnonzero(mask)[order]] = images[local[order]]
+            del images
         return out
 
 
@@ -100,6 +103,7 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
     on_gpu = ctx.device.type == "cuda"
     dataset = RawBatches(
         paths=[str(ctx.shards_dir / shard.name) for shard in manifest.shards],
+        index=np.concatenate([read_index(ctx.shards_dir, shard) for shard in manifest.shards]),
         sizes=[shard.samples for shard in manifest.shards],
         batch_size=ctx.batch_size,
         # One draw per epoch from the run's seeded generator: every worker shuffles alike.

@@ -21,7 +21,18 @@ def ensure_loader_shards(ctx: LoaderContext, shard_format: str) -> dict[str, flo
         seed=ctx.seed,
         shard_size=ctx.shard_size,
         n_procs=max(ctx.n_workers, 1),
+        on_bad_sample=ctx.on_bad_sample,
+        cache=ctx.cache,
     )
+    if ctx.verify_shards:
+        corrupted = shard_set.manifest.corrupted(ctx.shards_dir)
+        if corrupted:
+            raise ShardError(
+                f"{ctx.shards_dir / corrupted[0]}: does not match the sha256 in its manifest "
+                f"({len(corrupted)} such shards). Delete {ctx.shards_dir} and rebuild: "
+                f"python prepare.py format={shard_format}"
+            )
+        log.info("verified %d shards against their manifest", len(shard_set.manifest.shards))
     n_shards = len(shard_set.manifest.shards)
     if ctx.n_workers > n_shards and shard_format != "raw":
         log.warning(

@@ -17,6 +17,7 @@ from facebench.data.transforms import CROP
 from facebench.loaders.base import Batch, LoaderContext
 
 Options = LoaderConfig
+SYNTHETIC = True  # no real samples: nothing to count or check
 
 
 @dataclass

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -28,13 +29,16 @@ from facebench.data.fast_decode import decode_resized, resize_sample
 from facebench.data.images import decode_sample
 from facebench.data.sources import CELEBA, DIGIFACE
 from facebench.data.transforms import RESIZE
-from facebench.errors import ConfigError
+from facebench.errors import ConfigError, ShardError
 from facebench.loaders.base import Batch, LoaderContext, data_loader, finish_on_device
 from facebench.loaders.shardsets import ensure_loader_shards, shard_files, trusted_manifest
+from facebench.shards.manifest import ShardEntry, read_index
 
 log = logging.getLogger(__name__)
 
 SHARD_FORMAT = "tar"
+# Each worker batches the shards it reads: up to one partial batch dropped per worker.
+BATCHES_PER_WORKER = True
 DECODERS = ("torchvision", "pil")
 
 
@@ -50,21 +54,55 @@ class Options(LoaderConfig):
 
 class Decode:
     """A tar sample -> (image, label, id): a transformed tensor (pil), uint8 112x112 HWC
-    (torchvision), or, for JPEGs left to the GPU, the encoded bytes."""
+    (torchvision), or, for JPEGs left to the GPU, the encoded bytes.
 
-    def __init__(self, decoder: str, transform, keep_jpeg: bool) -> None:
+    Labels and ids in a tar carry no checksum, so each is checked against the shard's index,
+    whose hash the manifest holds: a damaged shard stops the run rather than mislabel a sample.
+    """
+
+    def __init__(
+        self, decoder: str, transform, keep_jpeg: bool, folder: Path, shards: list[ShardEntry]
+    ) -> None:
         self.decoder = decoder
         self.transform = transform
         self.keep_jpeg = keep_jpeg
+        self.folder = folder
+        self.shards = {shard.name: shard for shard in shards}
+        self._labels: tuple[str, dict[int, int]] = ("", {})
+
+    def _verified(self, url: str, key: str, label_text: bytes | None) -> tuple[int, int]:
+        name = Path(url).name
+        if self._labels[0] != name:  # one shard's index at a time
+            index = read_index(self.folder, self.shards[name])
+            self._labels = (
+                name,
+                dict(zip(index["id"].tolist(), index["label"].tolist(), strict=True)),
+            )
+        try:
+            sample_id, label = int(key), int(label_text or b"")
+        except ValueError:
+            sample_id, label = -1, -1
+        if self._labels[1].get(sample_id) != label:
+            raise ShardError(
+                f"{url}: sample {key!r} has label {label_text!r}, which its verified index does "
+                "not confirm; the shard is damaged. Rebuild: python prepare.py format=tar"
+            )
+        return sample_id, label
 
     def __call__(self, sample: dict) -> tuple:
+        if "jpg" not in sample and "png" not in sample:
+            raise ShardError(
+                f"{sample.get('__url__')}: sample {sample.get('__key__')!r} has no "
+                "image; the shard is damaged. Rebuild: python prepare.py format=tar"
+            )
         source, data = (CELEBA, sample["jpg"]) if "jpg" in sample else (DIGIFACE, sample["png"])
-        label, sample_id = int(sample["cls"]), int(sample["__key__"])
+        sample_id, label = self._verified(sample["__url__"], sample["__key__"], sample.get("cls"))
         if self.keep_jpeg and source == CELEBA:
             return torch.frombuffer(bytearray(data), dtype=torch.uint8), label, sample_id
+        name = f"{sample.get('__url__', 'tar shard')}: sample {sample['__key__']}"
         if self.decoder == "pil":
-            return self.transform(decode_sample(data, source)), label, sample_id
-        return decode_resized(data, source), label, sample_id
+            return self.transform(decode_sample(data, source, name)), label, sample_id
+        return decode_resized(data, source, name), label, sample_id
 
 
 class Collate:
@@ -154,7 +192,7 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
         wds.split_by_worker,
         wds.tarfile_to_samples(),
         wds.shuffle(options.shuffle_buffer, seed=seed),
-        wds.map(Decode(options.decoder, ctx.transform, keep_jpeg)),
+        wds.map(Decode(options.decoder, ctx.transform, keep_jpeg, ctx.shards_dir, manifest.shards)),
         wds.batched(
             ctx.batch_size,
             collation_fn=Collate(options.decoder, options.crop, not on_gpu, keep_jpeg),

@@ -1,16 +1,25 @@
 """Building a shard set: shuffle all samples once, decode them, write shards, manifest last.
 
 Building is idempotent: when the manifest matches the current source files and settings and every
-shard is in place, nothing is done. Each shard is written under a temporary name and renamed, and
-the old manifest is removed before anything else changes, so an interrupted build never leaves a
-folder that looks complete.
+shard is in place, nothing is done. An interrupted build never leaves a folder that looks
+complete, and the next build finishes it:
+
+1. the old manifest is removed first, and a plan (the fingerprints and the shard list) is written;
+2. each shard and its index are written under temporary names and renamed; then a small record of
+   the finished shard (its size and hashes) is written, also atomically;
+3. the manifest is written last, from those records.
+
+A build that finds a plan equal to its own reuses every shard whose record exists and whose file
+still has the recorded size; anything else is rewritten.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
+import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -22,19 +31,23 @@ import numpy as np
 from omegaconf import DictConfig
 
 from facebench.config import validate
+from facebench.data.check import source_fingerprint, usable_records
 from facebench.data.images import CELEBA_BOX
 from facebench.data.roots import check_writable, data_root, shards_root
 from facebench.data.sources import Record, read_records
-from facebench.errors import ConfigError, DataError
+from facebench.errors import ConfigError
+from facebench.paths import cache_dir
 from facebench.progress import progress
 from facebench.shards import pickle_format, raw_format, tar_format
-from facebench.shards.manifest import MANIFEST, Manifest, ShardEntry, source_fingerprint
+from facebench.shards.manifest import MANIFEST, Manifest, ShardEntry, encode_index
 from facebench.tracking import write_results
 
 log = logging.getLogger(__name__)
 
 FORMATS: dict[str, ModuleType] = {"pickle": pickle_format, "raw": raw_format, "tar": tar_format}
 _SHARD_PREFIX = "shard-"
+_PLAN = ".plan.json"
+_DONE = ".done"
 
 
 @dataclass(frozen=True)
@@ -43,6 +56,7 @@ class ShardSet:
     manifest: Manifest
     built: bool  # False when an existing, matching set was reused
     seconds: float  # time spent checking and (re)building
+    skipped: int = 0  # samples left out by on_bad_sample=skip
 
     def paths(self) -> list[Path]:
         return [self.folder / shard.name for shard in self.manifest.shards]
@@ -54,15 +68,18 @@ def format_module(name: str) -> ModuleType:
     return FORMATS[name]
 
 
-def settings_for(shard_format: str, seed: int, shard_size: int) -> dict[str, Any]:
+def settings_for(
+    shard_format: str, seed: int, shard_size: int, skipped: list[str] | None = None
+) -> dict[str, Any]:
     """Everything besides the source files that decides what the shards hold."""
+    left_out = hashlib.sha256("\n".join(sorted(skipped or [])).encode()).hexdigest()
     return {
         "format": shard_format,
         "seed": seed,
         "shard_size": shard_size,
         "celeba_box": list(CELEBA_BOX),
         "decoded_mode": "RGB",
-        "sample": "image, label, id",
+        "skipped": left_out,
     }
 
 
@@ -73,15 +90,17 @@ def ensure_shards(
     seed: int = 0,
     shard_size: int = 10_000,
     n_procs: int = 1,
+    on_bad_sample: str = "raise",
+    cache: Path | None = None,
 ) -> ShardSet:
     """The shard set for the data at root, built into folder unless an up-to-date one is there."""
     started = time.perf_counter()
     format_module(shard_format)
-    records, labels = read_records(root)
-    if not records:
-        raise DataError(f"{root}: no images to write into shards")
-    fingerprint = source_fingerprint(records, root)
-    settings = settings_for(shard_format, seed, shard_size)
+    all_records, labels = read_records(root)
+    fingerprint = source_fingerprint(all_records, root)
+    usable = usable_records(all_records, root, on_bad_sample, cache or cache_dir(), n_procs)
+    records = usable.records
+    settings = settings_for(shard_format, seed, shard_size, sorted(usable.excluded))
     existing = Manifest.read(folder)
     if existing is not None and existing.matches(fingerprint, settings):
         wrong = existing.missing_or_resized(folder)
@@ -92,65 +111,96 @@ def ensure_shards(
                 len(existing.shards),
                 existing.n_samples,
             )
-            return ShardSet(folder, existing, built=False, seconds=time.perf_counter() - started)
-        log.warning(
-            "%s: %d shards missing or resized (%s...); rebuilding", folder, len(wrong), wrong[0]
-        )
+            return ShardSet(
+                folder, existing, False, time.perf_counter() - started, len(usable.skipped)
+            )
+        log.warning("%s: %s missing or resized; rebuilding it", folder, ", ".join(wrong[:3]))
     elif existing is not None:
         log.info("%s: built from other source files or settings; rebuilding", folder)
 
-    check_writable(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    # From here on the folder is not a shard set until the new manifest is written.
-    (folder / MANIFEST).unlink(missing_ok=True)
-    _remove_shards(folder)
-
     order = np.random.default_rng(seed).permutation(len(records))
+    chunks = [order[start : start + shard_size] for start in range(0, len(records), shard_size)]
+    module = FORMATS[shard_format]
+    names = [f"{_SHARD_PREFIX}{index:05d}{module.SUFFIX}" for index in range(len(chunks))]
+    plan = {"fingerprint": fingerprint, "settings": settings, "shards": names}
+    done = _start_or_resume(folder, plan)
     tasks = [
-        (
-            shard_format,
-            str(folder),
-            index,
-            [(int(i), records[i]) for i in order[start : start + shard_size]],
-        )
-        for index, start in enumerate(range(0, len(records), shard_size))
+        (shard_format, str(folder), name, [(int(i), records[i]) for i in chunk])
+        for name, chunk in zip(names, chunks, strict=True)
+        if name not in done
     ]
-    n_procs = max(1, min(n_procs, os.cpu_count() or 1, len(tasks)))
     log.info(
-        "writing %d samples into %d %s shards of up to %d in %s (%d processes)",
+        "writing %d samples into %d %s shards of up to %d in %s (%d to write, %d processes)",
         len(records),
-        len(tasks),
+        len(names),
         shard_format,
         shard_size,
         folder,
-        n_procs,
+        len(tasks),
+        max(1, min(n_procs, os.cpu_count() or 1, len(tasks))),
     )
-    entries = list(
-        progress(_write_all(tasks, n_procs), len(tasks), "writing shards", "shards", log)
-    )
+    for entry in progress(_write_all(tasks, n_procs), len(tasks), "writing shards", "shards", log):
+        done[entry.name] = entry
     manifest = Manifest(
         format=shard_format,
         source_fingerprint=fingerprint,
         settings=settings,
         n_samples=len(records),
         n_classes=labels.n_classes,
-        shards=entries,
+        shards=[done[name] for name in names],
         prepare_s=time.perf_counter() - started,
     )
     manifest.write(folder)
-    total_gb = sum(entry.bytes for entry in entries) / 1e9
+    (folder / _PLAN).unlink(missing_ok=True)
+    shutil.rmtree(folder / _DONE, ignore_errors=True)
+    total_gb = sum(entry.bytes for entry in manifest.shards) / 1e9
     log.info(
         "wrote %d shards (%d samples, %.2f GB) to %s in %.1f s",
-        len(entries),
+        len(names),
         len(records),
         total_gb,
         folder,
         manifest.prepare_s,
     )
-    return ShardSet(folder, manifest, built=True, seconds=manifest.prepare_s)
+    return ShardSet(folder, manifest, True, manifest.prepare_s, len(usable.skipped))
+
+
+def _start_or_resume(folder: Path, plan: dict[str, Any]) -> dict[str, ShardEntry]:
+    """Shards already finished under this very plan; otherwise a clean folder and a new plan."""
+    check_writable(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    # From here on the folder is not a shard set until the new manifest is written.
+    (folder / MANIFEST).unlink(missing_ok=True)
+    plan_path = folder / _PLAN
+    try:
+        previous = json.loads(plan_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        previous = None
+    if previous == plan:
+        done = {}
+        for record in (folder / _DONE).glob("*.json"):
+            try:
+                entry = ShardEntry(**json.loads(record.read_text(encoding="utf-8")))
+            except (OSError, ValueError, TypeError):
+                continue
+            shard = folder / entry.name
+            if (
+                shard.is_file()
+                and shard.stat().st_size == entry.bytes
+                and (folder / entry.index_name).is_file()
+            ):
+                done[entry.name] = entry
+        if done:
+            log.info("%s: resuming an interrupted build; %d shards already done", folder, len(done))
+        return done
+    _remove_shards(folder)
+    shutil.rmtree(folder / _DONE, ignore_errors=True)
+    _write_atomic(plan_path, json.dumps(plan).encode())
+    return {}
 
 
 def _write_all(tasks: list, n_procs: int):
+    n_procs = max(1, min(n_procs, os.cpu_count() or 1, len(tasks)))
     if n_procs == 1:
         yield from map(_write_shard, tasks)
         return
@@ -158,18 +208,30 @@ def _write_all(tasks: list, n_procs: int):
         yield from pool.map(_write_shard, tasks)
 
 
-def _write_shard(task: tuple[str, str, int, list[tuple[int, Record]]]) -> ShardEntry:
-    shard_format, folder, index, records = task
-    module = FORMATS[shard_format]
-    name = f"{_SHARD_PREFIX}{index:05d}{module.SUFFIX}"
-    data = module.encode(records)
-    staging = os.path.join(folder, f".{name}.tmp-{os.getpid()}")
+def _write_atomic(path: Path, data: bytes) -> None:
+    staging = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(staging, "wb") as file:
         file.write(data)
-    os.replace(staging, os.path.join(folder, name))
-    return ShardEntry(
-        name=name, samples=len(records), bytes=len(data), sha256=hashlib.sha256(data).hexdigest()
+    os.replace(staging, path)
+
+
+def _write_shard(task: tuple[str, str, str, list[tuple[int, Record]]]) -> ShardEntry:
+    shard_format, folder, name, samples = task
+    data = FORMATS[shard_format].encode(samples)
+    index = encode_index([i for i, _ in samples], [r.label for _, r in samples])
+    entry = ShardEntry(
+        name=name,
+        samples=len(samples),
+        bytes=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        index_sha256=hashlib.sha256(index).hexdigest(),
     )
+    _write_atomic(Path(folder) / entry.index_name, index)
+    _write_atomic(Path(folder) / name, data)
+    done = Path(folder) / _DONE
+    done.mkdir(exist_ok=True)
+    _write_atomic(done / f"{name}.json", entry.to_json().encode())
+    return entry
 
 
 def _remove_shards(folder: Path) -> None:
@@ -188,7 +250,16 @@ def run_prepare(
     n_procs = max(cfg.n_workers, 1)
     root = data_root(cfg.data, n_procs=n_procs)
     folder = shards_root(cfg.shards_dir, root, cfg.format)
-    shard_set = ensure_shards(root, folder, cfg.format, cfg.seed, cfg.shard_size, n_procs)
+    shard_set = ensure_shards(
+        root,
+        folder,
+        cfg.format,
+        cfg.seed,
+        cfg.shard_size,
+        n_procs,
+        on_bad_sample=cfg.on_bad_sample,
+        cache=cache_dir(cfg.data.cache_dir),
+    )
     verb = "built" if shard_set.built else "checked"
     log.info("%s %s in %.1f s", verb, folder, shard_set.seconds)
     if output_dir is not None:
@@ -200,6 +271,7 @@ def run_prepare(
                 "prepare_s": shard_set.seconds,
                 "n_shards": len(shard_set.manifest.shards),
                 "n_samples": shard_set.manifest.n_samples,
+                "samples_skipped": shard_set.skipped,
             },
         )
     return shard_set

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from facebench.data.sources import Record
+import numpy as np
+
 from facebench.errors import ShardError
 
 MANIFEST = "manifest.json"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+INDEX_SUFFIX = ".index.npy"
+# Each shard's index: (sample id, label) of its samples, in order. Small, and hashed in the
+# manifest, so labels can be checked cheaply whatever the shard's format.
+INDEX_RECORD = np.dtype([("id", np.int64), ("label", np.int64)])
 
 
 @dataclass(frozen=True)
@@ -22,6 +28,14 @@ class ShardEntry:
     samples: int
     bytes: int
     sha256: str
+    index_sha256: str
+
+    @property
+    def index_name(self) -> str:
+        return self.name + INDEX_SUFFIX
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
 
 
 @dataclass
@@ -71,16 +85,20 @@ class Manifest:
             path = folder / shard.name
             if not path.is_file() or path.stat().st_size != shard.bytes:
                 wrong.append(shard.name)
+            elif not (folder / shard.index_name).is_file():
+                wrong.append(shard.index_name)
         return wrong
 
-
-def source_fingerprint(records: list[Record], root: Path) -> str:
-    """sha256 over every source file's path (relative to root), label and size, in order."""
-    digest = hashlib.sha256()
-    for record in records:
-        relative = os.path.relpath(record.path, root)
-        digest.update(f"{relative}\t{record.label}\t{os.path.getsize(record.path)}\n".encode())
-    return digest.hexdigest()
+    def corrupted(self, folder: Path) -> list[str]:
+        """Shards whose bytes do not hash to the manifest's sha256 (a full read of every shard)."""
+        wrong = []
+        for shard in self.shards:
+            try:
+                read_verified(folder / shard.name, shard.sha256)
+                read_index(folder, shard)
+            except (ShardError, OSError):
+                wrong.append(shard.name)
+        return wrong
 
 
 def read_verified(path: Path, sha256: str) -> bytes:
@@ -97,3 +115,21 @@ def read_verified(path: Path, sha256: str) -> bytes:
             "refusing to load it. Rebuild the shards with prepare.py"
         )
     return data
+
+
+def encode_index(ids: list[int], labels: list[int]) -> bytes:
+    index = np.empty(len(ids), dtype=INDEX_RECORD)
+    index["id"] = ids
+    index["label"] = labels
+    buffer = io.BytesIO()
+    np.save(buffer, index, allow_pickle=False)
+    return buffer.getvalue()
+
+
+def read_index(folder: Path, shard: ShardEntry) -> np.ndarray:
+    """A shard's (id, label) index, only if it hashes to what the manifest recorded."""
+    data = read_verified(folder / shard.index_name, shard.index_sha256)
+    index = np.load(io.BytesIO(data), allow_pickle=False)
+    if index.dtype != INDEX_RECORD or len(index) != shard.samples:
+        raise ShardError(f"{folder / shard.index_name}: not the index of {shard.name}; rebuild")
+    return index

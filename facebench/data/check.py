@@ -1,0 +1,126 @@
+"""Which samples can be used: files that exist, are not empty, and decode.
+
+Every run checks that each listed file exists and is not empty (a stat per file) before any work.
+With on_bad_sample=skip it also decodes every image once (in parallel, with progress) and leaves
+out those that fail, in every loader alike; the verdict is cached per source fingerprint, so later
+runs over the same files only read the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from facebench.data.images import open_sample
+from facebench.data.sources import Record
+from facebench.errors import DataError, FacebenchError
+from facebench.progress import progress
+
+log = logging.getLogger(__name__)
+
+ON_BAD_SAMPLE = ("raise", "skip")
+_CHUNK = 2000
+
+
+@dataclass(frozen=True)
+class Usable:
+    records: list[Record]  # in canonical order, bad ones left out
+    skipped: list[tuple[str, str]]  # (path, reason)
+
+    @property
+    def excluded(self) -> frozenset[str]:
+        return frozenset(path for path, _ in self.skipped)
+
+
+def source_fingerprint(records: list[Record], root: Path) -> str:
+    """sha256 over every source file's path (relative to root), label and size (-1: missing)."""
+    digest = hashlib.sha256()
+    for record in records:
+        relative = os.path.relpath(record.path, root)
+        try:
+            size = os.path.getsize(record.path)
+        except OSError:
+            size = -1
+        digest.update(f"{relative}\t{record.label}\t{size}\n".encode())
+    return digest.hexdigest()
+
+
+def _stat_problem(path: str) -> str | None:
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        return "file not found"
+    except OSError as error:
+        return f"cannot read ({error.strerror})"
+    return "empty file (0 bytes)" if size == 0 else None
+
+
+def _decode_problems(records: list[Record]) -> list[tuple[str, str]]:
+    problems = []
+    for record in records:
+        reason = _stat_problem(record.path)
+        if reason is None:
+            try:
+                open_sample(record.path, record.source)
+            except FacebenchError as error:
+                reason = str(error)
+        if reason is not None:
+            problems.append((record.path, reason))
+    return problems
+
+
+def usable_records(
+    records: list[Record], root: Path, on_bad_sample: str, cache: Path, n_procs: int = 1
+) -> Usable:
+    """The records to use; raises DataError on the first bad file when on_bad_sample=raise."""
+    if on_bad_sample not in ON_BAD_SAMPLE:
+        raise DataError(f"on_bad_sample={on_bad_sample}: use raise or skip")
+    if on_bad_sample == "raise":
+        missing = [(r.path, reason) for r in records if (reason := _stat_problem(r.path))]
+        if missing:
+            path, reason = missing[0]
+            raise DataError(
+                f"{path}: {reason} ({len(missing)} such files in {root}). Restore them, or run "
+                "with on_bad_sample=skip to leave them out"
+            )
+        return Usable(records, [])
+    skipped = _cached_problems(records, root, cache, n_procs)
+    bad = {path for path, _ in skipped}
+    for path, reason in skipped:
+        log.warning("skipping %s: %s", path, reason)
+    if skipped:
+        log.warning("on_bad_sample=skip: left out %d of %d samples", len(skipped), len(records))
+    usable = [r for r in records if r.path not in bad]
+    if not usable:
+        raise DataError(f"{root}: no usable images (all {len(records)} failed to decode)")
+    return Usable(usable, skipped)
+
+
+def _cached_problems(
+    records: list[Record], root: Path, cache: Path, n_procs: int
+) -> list[tuple[str, str]]:
+    path = cache / "checks" / f"{source_fingerprint(records, root)[:24]}.json"
+    if path.is_file():
+        return [tuple(item) for item in json.loads(path.read_text(encoding="utf-8"))]
+    chunks = [records[i : i + _CHUNK] for i in range(0, len(records), _CHUNK)]
+    problems: list[tuple[str, str]] = []
+    log.info("checking that %d images decode (once; cached in %s)", len(records), path)
+    if n_procs <= 1 or len(chunks) == 1:
+        results = map(_decode_problems, chunks)
+        for found in progress(results, len(chunks), "checking images", "chunks", log):
+            problems += found
+    else:
+        with ProcessPoolExecutor(max_workers=n_procs) as pool:
+            results = pool.map(_decode_problems, chunks)
+            for found in progress(results, len(chunks), "checking images", "chunks", log):
+                problems += found
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(f".tmp-{os.getpid()}")
+    staging.write_text(json.dumps(problems), encoding="utf-8")
+    os.replace(staging, path)
+    return problems
