@@ -52,7 +52,7 @@ def run_job(task: Callable[..., T], cfg: DictConfig) -> T:
     try:
         return task(cfg, output_dir=Path(HydraConfig.get().runtime.output_dir), sweep_id=sweep_id())
     except FacebenchError as error:
-        log.error("%s", error)
+        log.error("%s", user_message(error))
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise
         sys.exit(1)

@@ -16,7 +16,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from facebench.data.images import open_sample
+from facebench.data.images import BadImage, open_sample
 from facebench.data.sources import Record
 from facebench.errors import DataError, FacebenchError
 from facebench.progress import progress
@@ -67,6 +67,8 @@ def _decode_problems(records: list[Record]) -> list[tuple[str, str]]:
         if reason is None:
             try:
                 open_sample(record.path, record.source)
+            except BadImage as error:
+                reason = error.reason
             except FacebenchError as error:
                 reason = str(error)
         if reason is not None:
@@ -104,9 +106,12 @@ def usable_records(
 def _cached_problems(
     records: list[Record], root: Path, cache: Path, n_procs: int
 ) -> list[tuple[str, str]]:
+    # Keyed by the files' relative paths, labels and sizes, and stored relative to the root, so a
+    # copy of the same data elsewhere shares the verdict.
     path = cache / "checks" / f"{source_fingerprint(records, root)[:24]}.json"
     if path.is_file():
-        return [tuple(item) for item in json.loads(path.read_text(encoding="utf-8"))]
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        return [(os.path.join(root, relative), reason) for relative, reason in stored]
     chunks = [records[i : i + _CHUNK] for i in range(0, len(records), _CHUNK)]
     problems: list[tuple[str, str]] = []
     log.info("checking that %d images decode (once; cached in %s)", len(records), path)
@@ -121,6 +126,7 @@ def _cached_problems(
                 problems += found
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_suffix(f".tmp-{os.getpid()}")
-    staging.write_text(json.dumps(problems), encoding="utf-8")
+    relative = [(os.path.relpath(bad, root), reason) for bad, reason in problems]
+    staging.write_text(json.dumps(relative), encoding="utf-8")
     os.replace(staging, path)
     return problems

@@ -25,10 +25,27 @@ def as_sample(image: Image.Image, source: str) -> Image.Image:
     return rgb.crop(CELEBA_BOX) if source == CELEBA else rgb
 
 
-def bad_image(path: str, error: Exception) -> DataError:
-    return DataError(
-        f"{path}: cannot decode this image ({type(error).__name__}: {error}). Replace or remove "
-        "the file, or run with on_bad_sample=skip to leave such files out"
+class BadImage(DataError):
+    """An image file that cannot be decoded; `reason` says why, without the advice.
+
+    Constructible from the message alone, as the DataLoader does when it re-raises an error from
+    a worker in the main process.
+    """
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message, reason)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+def bad_image(path: str, error: Exception) -> BadImage:
+    reason = f"cannot decode this image ({type(error).__name__}: {error})"
+    return BadImage(
+        f"{path}: {reason}. Replace or remove the file, or run with on_bad_sample=skip to leave "
+        "such files out",
+        reason,
     )
 
 

@@ -99,7 +99,8 @@ class Decode:
         sample_id, label = self._verified(sample["__url__"], sample["__key__"], sample.get("cls"))
         if self.keep_jpeg and source == CELEBA:
             return torch.frombuffer(bytearray(data), dtype=torch.uint8), label, sample_id
-        name = f"{sample.get('__url__', 'tar shard')}: sample {sample['__key__']}"
+        source_path = sample.get("path", b"").decode(errors="replace")
+        name = f"{source_path} (sample {sample['__key__']} of {sample.get('__url__')})"
         if self.decoder == "pil":
             return self.transform(decode_sample(data, source, name)), label, sample_id
         return decode_resized(data, source, name), label, sample_id

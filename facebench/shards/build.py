@@ -177,6 +177,8 @@ def _start_or_resume(folder: Path, plan: dict[str, Any]) -> dict[str, ShardEntry
     except (OSError, ValueError):
         previous = None
     if previous == plan:
+        for stale in folder.glob(f".{_SHARD_PREFIX}*.tmp-*"):  # from writers that were killed
+            stale.unlink(missing_ok=True)
         done = {}
         for record in (folder / _DONE).glob("*.json"):
             try:

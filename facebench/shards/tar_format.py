@@ -1,8 +1,9 @@
 """WebDataset tar shards of the original encoded files: JPEG/PNG bytes, label, sample id.
 
 Samples are grouped by key (the sample id, zero-padded): `<id>.jpg` for CelebA or `<id>.png` for
-DigiFace1M, and `<id>.cls` with the label. Decoding (and CelebA's crop) happens at train time, in
-the workers. Members carry fixed metadata so the same input always gives the same bytes.
+DigiFace1M, `<id>.cls` with the label, and `<id>.path` with the source file (for error
+messages). Decoding (and CelebA's crop) happens at train time, in the workers. Members carry
+fixed metadata so the same input always gives the same bytes.
 """
 
 from __future__ import annotations
@@ -32,4 +33,5 @@ def encode(samples: list[tuple[int, Record]]) -> bytes:
             with open(record.path, "rb") as file:
                 _member(tar, f"{key}.{extension}", file.read())
             _member(tar, f"{key}.cls", str(record.label).encode())
+            _member(tar, f"{key}.path", record.path.encode())
     return buffer.getvalue()

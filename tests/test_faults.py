@@ -1,0 +1,215 @@
+"""Interrupted builds, interrupted runs, a broken tracking store, and random damage."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+
+from facebench import loaders
+from facebench.data.sources import read_records
+from facebench.errors import FacebenchError, ShardError
+from facebench.loaders.shardsets import trusted_manifest
+from facebench.paths import PROJECT_ROOT
+from facebench.runner import loader_context
+from facebench.shards.manifest import Manifest
+from tests.helpers import delivered
+
+pytestmark = pytest.mark.slow
+
+
+def _prepare(tmp_path, cache, env, *args) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(PROJECT_ROOT / "prepare.py"),
+            f"data.cache_dir={cache}",
+            "data.n_images=120",
+            f"shards_dir={tmp_path / 'shards'}",
+            "shard_size=4",
+            "n_workers=1",
+            f"hydra.run.dir={tmp_path / 'prepare'}",
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+
+
+@pytest.mark.parametrize("shard_format", ["pickle", "raw"])
+def test_killed_prepare_is_refused_then_finished(
+    tmp_path, cache, synthetic_root, isolated_env, make_cfg, shard_format
+):
+    folder = tmp_path / "shards" / shard_format
+    cfg = make_cfg(
+        f"loader={'pickle' if shard_format == 'pickle' else 'raw'}",
+        f"shards_dir={tmp_path / 'shards'}",
+        "n_workers=0",
+        "batch_size=4",
+    )
+    records, labels = read_records(synthetic_root)
+    module = loaders.get(cfg.loader.name)
+    ctx = loader_context(cfg, module, synthetic_root, records, labels, torch.device("cpu"))
+    # Kill points: after a random number of shards, rising, so every build gets further.
+    rng = random.Random(shard_format)
+    targets = sorted(rng.sample(range(1, 29), 5))  # of 30 shards
+    resumed = False
+    for target in targets:
+        process = _prepare(tmp_path, cache, isolated_env, f"format={shard_format}")
+        deadline = time.monotonic() + 120
+        while len(list(folder.glob(".done/*.json"))) < target:
+            assert process.poll() is None, "prepare.py ended before it could be killed"
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        process.send_signal(signal.SIGKILL)
+        output = process.communicate()[0]
+        resumed |= "already done" in output
+        assert Manifest.read(folder) is None
+        with pytest.raises(ShardError, match="no complete shard set"):
+            trusted_manifest(ctx)
+    final = _prepare(tmp_path, cache, isolated_env, f"format={shard_format}")
+    output = final.communicate()[0]
+    assert final.returncode == 0, output
+    resumed |= "already done" in output
+    assert "nothing to do" not in output
+    assert resumed, "no build reused the shards an earlier, killed build had finished"
+    manifest = trusted_manifest(ctx)
+    assert sum(shard.samples for shard in manifest.shards) == 120
+    seen = delivered(module.build(ctx))
+    assert sorted(seen) == list(range(120))
+    assert not list(folder.glob(".*tmp*"))  # no half-written files left behind
+
+
+def test_ctrl_c_ends_the_run_as_killed_and_stops_workers(tmp_path, cache, isolated_env):
+    marker = f"hydra.run.dir={tmp_path / 'out'}"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            str(PROJECT_ROOT / "train.py"),
+            f"data.cache_dir={cache}",
+            "data.n_images=120",
+            "model=resnet18",
+            "batch_size=8",
+            "n_workers=2",
+            "repeat=50",
+            "device=cpu",
+            marker,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=isolated_env,
+        cwd=tmp_path,
+    )
+    deadline = time.monotonic() + 120
+    for line in process.stdout:
+        if "epoch 0:" in line or time.monotonic() > deadline:
+            break
+    process.send_signal(signal.SIGINT)
+    process.communicate(timeout=120)
+    assert process.returncode != 0
+    mlflow.set_tracking_uri(isolated_env["MLFLOW_TRACKING_URI"])
+    [run] = mlflow.search_runs(experiment_names=["facebench"], output_format="list")
+    assert run.info.status == "KILLED"
+    time.sleep(1)
+    leftovers = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
+    assert leftovers.stdout.strip() == "", "worker processes outlived the run"
+
+
+def test_an_unusable_tracking_store_is_reported_before_any_work(tmp_path, cache, isolated_env):
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the store's folder should be")
+    env = dict(isolated_env, MLFLOW_TRACKING_URI=f"sqlite:///{blocked}/mlflow.db")
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(PROJECT_ROOT / "train.py"),
+            f"data.cache_dir={cache}",
+            "data.n_images=120",
+            "model=none",
+            "batch_size=8",
+            "device=cpu",
+            f"hydra.run.dir={tmp_path / 'out'}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 1
+    assert "cannot be used" in output and "tracking=false" in output
+    assert "epoch 0" not in output  # detected before the epoch started
+
+
+def test_random_damage_never_passes_silently(tmp_path, synthetic_root, make_cfg):
+    """Seeded random corruption of label files, images and shards: every outcome is either a
+    correct result or a FacebenchError naming what is wrong, never a wrong label."""
+    rng = np.random.default_rng(7)
+    truth = {
+        Path(r.path).relative_to(synthetic_root): r.label for r in read_records(synthetic_root)[0]
+    }
+    for trial in range(12):
+        root = tmp_path / f"t{trial}"
+        shutil.copytree(synthetic_root, root, ignore=shutil.ignore_patterns("facebench-shards"))
+        labels_file = root / "CelebA" / "identity_CelebA.txt"
+        kind = trial % 3
+        if kind == 0:  # damage the label file: flip, drop or insert characters
+            text = bytearray(labels_file.read_bytes())
+            for _ in range(3):
+                at = int(rng.integers(len(text)))
+                text[at : at + 1] = bytes([int(rng.choice(list(b" \n\r\t0123456789x.-")))])
+            labels_file.write_bytes(bytes(text))
+        elif kind == 1:  # damage image bytes
+            for path in rng.choice(sorted(root.rglob("*.[jp][pn]g")), 3, replace=False):
+                data = bytearray(Path(path).read_bytes())
+                start = int(rng.integers(len(data)))
+                data[start : start + 64] = rng.integers(0, 256, 64, dtype=np.uint8).tobytes()
+                Path(path).write_bytes(bytes(data[: int(rng.integers(1, len(data) + 1))]))
+        for loader in ("dataset", "webdataset", "raw"):
+            cfg = make_cfg(
+                "data=celeba_digiface",
+                f"data.root={root}",
+                f"loader={loader}",
+                "loader.crop=center",
+                "shard_size=40",
+                "batch_size=4",
+            )
+            try:
+                records, labels = read_records(root)
+                module = loaders.get(loader)
+                ctx = loader_context(cfg, module, root, records, labels, torch.device("cpu"))
+                if hasattr(module, "before_epoch"):
+                    module.before_epoch(ctx)
+                if kind == 2 and hasattr(module, "SHARD_FORMAT"):  # damage a built shard
+                    shard = sorted(
+                        p
+                        for p in ctx.shards_dir.glob("shard-*")
+                        if not p.name.endswith("index.npy")
+                    )[0]
+                    data = bytearray(shard.read_bytes())
+                    at = int(rng.integers(len(data) - 64))
+                    data[at : at + 64] = rng.integers(0, 256, 64, dtype=np.uint8).tobytes()
+                    shard.write_bytes(bytes(data))
+                seen = delivered(module.build(ctx))
+            except FacebenchError as error:
+                assert str(error), "an error with no explanation"
+                continue
+            for sample_id, (_, label) in seen.items():
+                record = records[sample_id]
+                # What the (possibly damaged) label file says is what must arrive; where the
+                # label file is intact, that is the true label.
+                assert label == record.label
+                if kind != 0:
+                    assert label == truth[Path(record.path).relative_to(root)]
