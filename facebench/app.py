@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import sys
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import TypeVar
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from facebench import loaders
 from facebench.config import register_configs
@@ -22,9 +24,20 @@ T = TypeVar("T")
 
 
 def configure() -> None:
-    """Register every schema before Hydra composes the config."""
+    """Register every schema (and the run-folder resolver) before Hydra composes the config."""
     register_configs()
     loaders.register_schemas()
+    if not OmegaConf.has_resolver("facebench_run_dir"):
+        OmegaConf.register_new_resolver("facebench_run_dir", run_dir)
+
+
+def run_dir() -> str:
+    """The output folder's name: the time, or under torchrun the job's id, so that every rank
+    of one job (started a second apart, maybe) writes to the same folder."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    if run_id and run_id != "none" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return f"torchrun/{run_id}"
+    return datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
 
 
 def sweep_id() -> str:

@@ -11,15 +11,16 @@ import torch
 from facebench.errors import ConfigError
 
 
-def resolve_device(requested: str) -> torch.device:
-    """auto -> the first CUDA device when there is one, else the CPU."""
+def resolve_device(requested: str, local_rank: int = 0) -> torch.device:
+    """auto -> a CUDA device when there is one, else the CPU. Under torchrun, `cuda` and `auto`
+    mean this process's own GPU, cuda:LOCAL_RANK."""
     if requested == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(requested)
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(f"device={requested}: no CUDA device here; use device=cpu or auto")
-        index = device.index or 0
+        index = device.index if device.index is not None else local_rank
         if index >= torch.cuda.device_count():
             raise ConfigError(
                 f"device={requested}: only {torch.cuda.device_count()} CUDA device(s) here"

@@ -8,7 +8,7 @@ the device and are read once, after the clock stops.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,10 +59,14 @@ def build_trainer(
     lr: float = 0.1,
     momentum: float = 0.9,
     weight_decay: float = 1e-4,
+    distributed: bool = False,
 ) -> Trainer:
     """A torchvision model from scratch (weights=None: nothing is downloaded) and SGD."""
     model = getattr(torchvision.models, model_name)(weights=None, num_classes=n_classes)
     model = model.to(device, memory_format=torch.channels_last).train()
+    if distributed:
+        device_ids = [device.index] if device.type == "cuda" else None
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
     # The fused SGD kernel takes the GradScaler's inf check on the device; the plain one makes
     # GradScaler read it back with .item(), a device sync every step.
     fused = device.type == "cuda"
@@ -86,6 +90,7 @@ class EpochResult:
     order: dict[str, float]
     loss_first: float | None
     loss_last: float | None
+    ids: np.ndarray | None = None  # every delivered sample id, in arrival order
 
     def metrics(self) -> dict[str, float]:
         metrics = {**self.times.metrics(), **self.resources, **self.order}
@@ -104,6 +109,7 @@ def run_epoch(
     label_counts: np.ndarray | None = None,
     expected_images: int | None = None,
     description: str = "epoch",
+    join: AbstractContextManager | None = None,
 ) -> EpochResult:
     """One timed epoch. `trainer=None` is loader-only mode: batches are only moved to the device.
 
@@ -121,26 +127,27 @@ def run_epoch(
     labels_seen: list[torch.Tensor] = []
     resources: dict[str, float] = {}
     try:
-        while True:
-            asked_at = meter.waiting()
-            try:
-                images, targets, ids = next(batches)
-            except StopIteration:
-                break
-            meter.batch(asked_at, images.shape[0])
-            if ids is not None:
-                ids_seen.append(ids)
-                labels_seen.append(targets)
-            if trainer is None:
-                images.to(device, non_blocking=True)
-                targets.to(device, non_blocking=True)
-            else:
-                last_loss = trainer.step(images, targets)
-                if first_loss is None:
-                    first_loss = last_loss
-            bar.update(images.shape[0])
-            if max_batches and meter.n_batches >= max_batches:
-                break
+        with join or nullcontext():
+            while True:
+                asked_at = meter.waiting()
+                try:
+                    images, targets, ids = next(batches)
+                except StopIteration:
+                    break
+                meter.batch(asked_at, images.shape[0])
+                if ids is not None:
+                    ids_seen.append(ids)
+                    labels_seen.append(targets)
+                if trainer is None:
+                    images.to(device, non_blocking=True)
+                    targets.to(device, non_blocking=True)
+                else:
+                    last_loss = trainer.step(images, targets)
+                    if first_loss is None:
+                        first_loss = last_loss
+                bar.update(images.shape[0])
+                if max_batches and meter.n_batches >= max_batches:
+                    break
         times = meter.stop()
         resources = sampler.stop(meter.ended_at)  # workers still alive: their counters count
     finally:
@@ -148,10 +155,12 @@ def run_epoch(
         bar.close()
         # Shut worker processes down now (the iterator's finalizer does it), not at exit.
         del batches
+    all_ids = torch.cat(ids_seen).numpy() if ids_seen else None
     return EpochResult(
         times=times,
         resources=resources,
         order=order_metrics(ids_seen, labels_seen, label_counts),
+        ids=all_ids,
         loss_first=first_loss.item() if first_loss is not None else None,
         loss_last=last_loss.item() if last_loss is not None else None,
     )

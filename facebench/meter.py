@@ -96,10 +96,13 @@ class EpochMeter:
         end = self._end = now(self.device)
         n = len(self._sizes)
         warmup = min(WARMUP_MAX_BATCHES, max(1, int(n * WARMUP_FRACTION))) if n > 1 else 0
-        steady = 0.0
-        if n and end > self._arrivals[warmup]:
-            # From the moment batch `warmup` was in hand: its step and every later wait and step.
-            steady = sum(self._sizes[warmup:]) / (end - self._arrivals[warmup])
+        if n >= 2:
+            # Whole cycles (a step, then the wait for the next batch) between the arrival of the
+            # last warm-up batch and the last arrival: batches warmup .. n-1 came in that time.
+            span = self._arrivals[-1] - self._arrivals[warmup - 1]
+            steady = sum(self._sizes[warmup:]) / span if span > 0 else 0.0
+        else:
+            steady = sum(self._sizes) / (end - self._start) if n else 0.0
         return EpochTimes(
             epoch_time_s=end - self._start,
             time_to_first_batch_s=(self._arrivals[0] - self._start) if n else end - self._start,

@@ -20,6 +20,8 @@ from facebench.data.roots import data_root, shards_root
 from facebench.data.sources import LabelSpace, Record, read_records
 from facebench.data.transforms import seed_transform
 from facebench.device import Precision, device_name, resolve_device, resolve_precision
+from facebench.distributed import World, barrier, gather, join, whole_job, world_from_env
+from facebench.distributed import start as start_distributed
 from facebench.epoch import build_trainer, run_epoch
 from facebench.errors import ConfigError, FacebenchError
 from facebench.loaders.base import LoaderContext
@@ -54,7 +56,9 @@ def run_training(
 ) -> dict[str, float]:
     """Run the configured epochs `repeat` times; return the last epoch's metrics and summaries."""
     validate(cfg)
-    device = resolve_device(cfg.device)
+    world = world_from_env()
+    device = resolve_device(cfg.device, world.local_rank)
+    start_distributed(world, device)
     precision = resolve_precision(cfg.amp.mode, device)
     name = run_name(cfg, precision.name)
     params: dict[str, Any] = flatten(OmegaConf.to_container(cfg, resolve=True))
@@ -64,6 +68,7 @@ def run_training(
         model=cfg.model.name,
         amp=precision.name,
         device_type=device.type,
+        world_size=world.world_size,
     )
     tags = {
         "device_name": device_name(device),
@@ -72,12 +77,16 @@ def run_training(
     }
     if sweep_id:
         tags["sweep_id"] = sweep_id
-    tracker = Tracker(enabled=cfg.tracking)
+    if world.distributed:
+        name = f"{name}-x{world.world_size}"
+    # Only rank 0 records anything; the other ranks train and report their metrics to it.
+    tracker = Tracker(enabled=cfg.tracking and world.is_main)
+    output_dir = output_dir if world.is_main else None
     results: dict[str, Any] = {"run_name": name, "params": params, "tags": tags, "metrics": {}}
     with tracker.run(name, params, tags, system_metrics=True):
         results["status"] = "FAILED"
         try:
-            _run(cfg, device, precision, tracker, results["metrics"])
+            _run(cfg, world, device, precision, tracker, results["metrics"])
             results["status"] = "FINISHED"
         finally:
             # Written even when the job fails: nothing measured is lost.
@@ -97,6 +106,7 @@ def loader_context(
     labels: LabelSpace,
     device: torch.device,
     excluded: frozenset[str] = frozenset(),
+    world: World | None = None,
 ) -> LoaderContext:
     """What the configured loader gets to build its pipeline from."""
     return LoaderContext(
@@ -112,6 +122,7 @@ def loader_context(
         shards_dir=shards_root(cfg.shards_dir, root, getattr(loader, "SHARD_FORMAT", "none")),
         shard_size=cfg.shard_size,
         excluded=excluded,
+        world=world or World(),
         on_bad_sample=cfg.on_bad_sample,
         verify_shards=cfg.verify_shards,
         cache=cache_dir(cfg.data.cache_dir),
@@ -126,6 +137,7 @@ def _seed_everything(seed: int) -> None:
 
 def _run(
     cfg: DictConfig,
+    world: World,
     device: torch.device,
     precision: Precision,
     tracker: Tracker,
@@ -133,6 +145,8 @@ def _run(
 ) -> None:
     _seed_everything(cfg.seed)
     n_procs = max(cfg.n_workers, 1)
+    if not world.is_main:  # rank 0 generates (or checks) the data; the others wait and reuse it
+        barrier(world)
     root = data_root(cfg.data, n_procs=n_procs)
     all_records, labels = read_records(root)
     usable = usable_records(
@@ -147,9 +161,11 @@ def _run(
             "(or more data: data.n_images for the synthetic set)"
         )
     loader = loaders.get(cfg.loader.name)
-    ctx = loader_context(cfg, loader, root, records, labels, device, usable.excluded)
+    ctx = loader_context(cfg, loader, root, records, labels, device, usable.excluded, world)
     if hasattr(loader, "before_epoch"):
-        metrics.update(loader.before_epoch(ctx))
+        metrics.update(loader.before_epoch(ctx))  # rank 0 first: it builds missing shards
+    if world.is_main:
+        barrier(world)
     trainer = None
     if cfg.model.name != "none":
         trainer = build_trainer(
@@ -160,6 +176,7 @@ def _run(
             lr=cfg.lr,
             momentum=cfg.momentum,
             weight_decay=cfg.weight_decay,
+            distributed=world.distributed,
         )
     files = _data_files(loader, ctx)
     label_counts = np.bincount([r.label for r in records], minlength=labels.n_classes)
@@ -177,7 +194,10 @@ def _run(
     per_epoch: list[dict[str, float]] = []
     n_measured = cfg.repeat * cfg.epochs
     for step in range(n_measured):
-        prepare_cache(cfg.cache, files)
+        ctx.epoch = step
+        if world.is_main:
+            prepare_cache(cfg.cache, files)  # one page cache per machine: one rank prepares it
+        barrier(world)
         cache_metrics = _cache_state(files)
         expected = len(records) if not cfg.max_batches else cfg.max_batches * cfg.batch_size
         result = run_epoch(
@@ -189,12 +209,16 @@ def _run(
             label_counts=label_counts,
             expected_images=expected,
             description=f"epoch {step + 1}/{n_measured}",
+            join=join(trainer.model if trainer else None),
         )
         epoch_metrics = {**result.metrics(), **cache_metrics}
+        if world.distributed:
+            epoch_metrics = _merge_ranks(world, epoch_metrics, result.ids)
         tracker.log_metrics(epoch_metrics, step=step)
         per_epoch.append(epoch_metrics)
         metrics.update(epoch_metrics)
-        _log_epoch(step, result.times, epoch_metrics)
+        if world.is_main:
+            _log_epoch(step, epoch_metrics)
         if not cfg.max_batches and not loader_is_ceiling(loader):
             check_exactly_once(cfg, loader, len(records), epoch_metrics)
     summary = summarise(per_epoch)
@@ -205,6 +229,19 @@ def _run(
         log.warning(
             "on_bad_sample=skip: %d samples were left out (samples_skipped)", len(usable.skipped)
         )
+
+
+def _merge_ranks(
+    world: World, metrics: dict[str, float], ids: np.ndarray | None
+) -> dict[str, float]:
+    """Whole-job metrics from every rank's, and samples_unique over the union of their ids."""
+    per_rank = gather(world, metrics)
+    merged = whole_job(per_rank)
+    merged["world_size"] = float(world.world_size)
+    all_ids = gather(world, ids)
+    if all(part is not None for part in all_ids):
+        merged["samples_unique"] = float(len(np.unique(np.concatenate(all_ids))))
+    return merged
 
 
 def loader_is_ceiling(loader: ModuleType) -> bool:
@@ -227,14 +264,17 @@ def check_exactly_once(
             f"loader={cfg.loader.name} delivered {seen - unique} samples more than once in one "
             "epoch; its results would misreport the pipeline. This is a bug in the loader"
         )
+    world_size = int(metrics.get("world_size", 1))
     if getattr(loader, "BATCHES_PER_WORKER", False):
-        workers = max(cfg.n_workers, 1)
+        workers = max(cfg.n_workers, 1) * world_size
         low, high = max(0, n_samples - workers * (batch - 1)), n_samples
         ok = low <= seen <= high and seen % batch == 0
         expected = f"between {low} and {high}, in whole batches"
     else:
-        ok = seen == n_samples - n_samples % batch
-        expected = str(n_samples - n_samples % batch)
+        # Every rank gets the same whole number of batches.
+        whole = n_samples - n_samples % (batch * world_size)
+        ok = seen == whole
+        expected = str(whole)
     if not ok:
         raise FacebenchError(
             f"loader={cfg.loader.name} delivered {seen} samples in an epoch, expected {expected} "
@@ -275,7 +315,7 @@ def _cache_state(files: list[str]) -> dict[str, float]:
     return {"cache_resident_frac": resident_fraction(sample)}
 
 
-def _log_epoch(step: int, times, metrics: dict[str, float]) -> None:
+def _log_epoch(step: int, metrics: dict[str, float]) -> None:
     extra = ""
     if "gpu_util_mean" in metrics:
         extra = f", GPU {metrics['gpu_util_mean']:.0f}% busy"
@@ -283,12 +323,12 @@ def _log_epoch(step: int, times, metrics: dict[str, float]) -> None:
         "epoch %d: %d images in %.1f s = %.1f images/s (steady %.1f); first batch after %.2f s; "
         "waited for data %.0f%% of the time; CPU %.0f%%%s",
         step,
-        times.samples_seen,
-        times.epoch_time_s,
-        times.images_per_s,
-        times.steady_images_per_s,
-        times.time_to_first_batch_s,
-        100 * times.data_wait_frac,
+        metrics["samples_seen"],
+        metrics["epoch_time_s"],
+        metrics["images_per_s"],
+        metrics["steady_images_per_s"],
+        metrics["time_to_first_batch_s"],
+        100 * metrics["data_wait_frac"],
         metrics.get("cpu_util_mean", float("nan")),
         extra,
     )

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 from facebench.config import LoaderConfig
 from facebench.data.batch_transforms import crop_batch, normalize_batch
 from facebench.data.sources import LabelSpace, Record
+from facebench.distributed import World
 
 # (images, labels, sample ids): ids are canonical positions (see data.sample_index), or None for
 # loaders with no real samples.
@@ -38,10 +40,18 @@ class LoaderContext:
     shard_size: int
     # Paths left out with on_bad_sample=skip; loaders that list files themselves drop these too.
     excluded: frozenset[str] = frozenset()
+    # This process's place in a torchrun job; loaders split each epoch across ranks, then workers.
+    world: World = field(default_factory=World)
+    # Which measured epoch is being built: reshuffles, identically on every rank.
+    epoch: int = 0
     on_bad_sample: str = "raise"
     verify_shards: bool = False
     # Where facebench keeps its own files (checks, generated data).
     cache: Path = Path(".cache")
+
+    def epoch_seed(self) -> int:
+        """A seed for this epoch's shuffle, the same on every rank and worker."""
+        return int(np.random.SeedSequence([self.seed, self.epoch]).generate_state(1)[0])
 
     @property
     def pin_memory(self) -> bool:
@@ -50,21 +60,26 @@ class LoaderContext:
 
 
 def data_loader(
-    dataset: Dataset | IterableDataset, ctx: LoaderContext, shuffle: bool, batched: bool = False
+    dataset: Dataset | IterableDataset,
+    ctx: LoaderContext,
+    shuffle: bool,
+    batched: bool = False,
+    sampler: Sampler | None = None,
 ) -> Iterable[Batch]:
     """A torch DataLoader with the settings every loader shares (drop_last, as the seed).
 
     batched=True: the dataset yields whole batches itself, and the DataLoader only moves them.
     """
     generator = torch.Generator()
-    generator.manual_seed(ctx.seed)
+    generator.manual_seed(ctx.epoch_seed())
     extra: dict[str, Any] = {}
     if ctx.n_workers > 0:
         extra["prefetch_factor"] = ctx.options.prefetch_factor
     return DataLoader(
         dataset,
         batch_size=None if batched else ctx.batch_size,
-        shuffle=shuffle,
+        shuffle=shuffle if sampler is None else False,
+        sampler=sampler,
         drop_last=not batched,
         num_workers=ctx.n_workers,
         pin_memory=ctx.pin_memory,

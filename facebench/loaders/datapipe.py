@@ -21,6 +21,7 @@ loader=dataset. Each worker still decodes and transforms its samples and sends w
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,17 @@ class DigiFaceRecord:
         return record.path, record.label, record.source, self.ids(path)
 
 
+class TakeFirst(IterDataPipe):
+    """The first n items (torch's built-in DataPipes have no Header)."""
+
+    def __init__(self, source_datapipe: IterDataPipe, n: int) -> None:
+        self.source_datapipe = source_datapipe
+        self.n = n
+
+    def __iter__(self) -> Iterator:
+        yield from itertools.islice(self.source_datapipe, self.n)
+
+
 @torch.utils.data.functional_datapipe("load_images")
 class ImageBatchLoader(IterDataPipe):
     """Decode and transform each batch of records; yield (images, labels, ids) tensors."""
@@ -98,6 +110,11 @@ def build_datapipe(ctx: LoaderContext) -> IterDataPipe:
     )
     pipe = pipe.shuffle(buffer_size=options.shuffle_buffer)
     pipe = pipe.batch(ctx.batch_size, drop_last=True)
+    if ctx.world.distributed:
+        # The DataLoader splits batches across ranks, then workers; keeping a multiple of the
+        # world size gives every rank the same number, so no rank waits for another's gradients.
+        n_batches = len(ctx.records) // ctx.batch_size
+        pipe = TakeFirst(pipe, n_batches - n_batches % ctx.world.world_size)
     pipe = pipe.sharding_filter()
     return pipe.load_images(transform=ctx.transform)
 

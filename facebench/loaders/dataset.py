@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 import torch
-from torch.utils.data import ConcatDataset, Dataset
+from torch.utils.data import ConcatDataset, Dataset, DistributedSampler
 
 from facebench.config import LoaderConfig
 from facebench.data.images import open_sample
@@ -40,4 +40,17 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
     digiface = RecordDataset(
         usable(digiface_records(ctx.data_root, ctx.labels), ctx), ctx.transform, len(celeba)
     )
-    return data_loader(ConcatDataset([celeba, digiface]), ctx, shuffle=True)
+    dataset = ConcatDataset([celeba, digiface])
+    sampler = None
+    if ctx.world.distributed:
+        # Each rank its own equal share (drop_last), reshuffled each epoch by set_epoch.
+        sampler = DistributedSampler(
+            dataset,
+            num_replicas=ctx.world.world_size,
+            rank=ctx.world.rank,
+            shuffle=True,
+            seed=ctx.seed,
+            drop_last=True,
+        )
+        sampler.set_epoch(ctx.epoch)
+    return data_loader(dataset, ctx, shuffle=True, sampler=sampler)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch.utils.data import RandomSampler
+from torch.utils.data import DistributedSampler, RandomSampler
 from torchdata.nodes import (
     Batcher,
     Loader,
@@ -104,8 +104,20 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
     records = usable(celeba_records(ctx.data_root, ctx.labels), ctx)
     records += usable(digiface_records(ctx.data_root, ctx.labels), ctx)
     on_gpu = ctx.device.type == "cuda"
-    generator = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,)).item()))
-    node = SamplerWrapper(RandomSampler(range(len(records)), generator=generator))
+    if ctx.world.distributed:
+        sampler = DistributedSampler(
+            range(len(records)),
+            num_replicas=ctx.world.world_size,
+            rank=ctx.world.rank,
+            shuffle=True,
+            seed=ctx.seed,
+            drop_last=True,
+        )
+        sampler.set_epoch(ctx.epoch)
+    else:
+        generator = torch.Generator().manual_seed(ctx.epoch_seed())
+        sampler = RandomSampler(range(len(records)), generator=generator)
+    node = SamplerWrapper(sampler)
     node = Batcher(node, batch_size=ctx.batch_size, drop_last=True)
     node = Mapper(node, map_fn=ToRecords(records))
     load = LoadBatch(options.decoder, ctx.transform, options.crop, normalize=not on_gpu)

@@ -45,6 +45,8 @@ class RawBatches(IterableDataset):
         epoch_seed: int,
         crop: str,
         normalize: bool,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
         self.paths = paths
         self.labels = np.ascontiguousarray(index["label"])  # verified against the manifest
@@ -54,15 +56,21 @@ class RawBatches(IterableDataset):
         self.epoch_seed = epoch_seed
         self.crop = crop
         self.normalize = normalize  # False: leave crop and normalize to the device
+        self.rank = rank
+        self.world_size = world_size
 
     def __len__(self) -> int:
-        return int(self.starts[-1]) // self.batch_size
+        # Whole batches, and the same number for every rank.
+        n_batches = int(self.starts[-1]) // self.batch_size
+        return n_batches - n_batches % self.world_size
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
         worker = get_worker_info()
         worker_id, n_workers = (worker.id, worker.num_workers) if worker else (0, 1)
         order = np.random.default_rng(self.epoch_seed).permutation(int(self.starts[-1]))
-        for index in range(worker_id, len(self), n_workers):
+        # Batch b goes to rank b % world_size, and within the rank round-robin to its workers.
+        share = self.rank + self.world_size * worker_id
+        for index in range(share, len(self), self.world_size * n_workers):
             chosen = order[index * self.batch_size : (index + 1) * self.batch_size]
             images = torch.from_numpy(self._gather(chosen))
             # Per-batch crop randomness, so results do not depend on the number of workers.
@@ -106,10 +114,11 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
         index=np.concatenate([read_index(ctx.shards_dir, shard) for shard in manifest.shards]),
         sizes=[shard.samples for shard in manifest.shards],
         batch_size=ctx.batch_size,
-        # One draw per epoch from the run's seeded generator: every worker shuffles alike.
-        epoch_seed=int(torch.randint(0, 2**62, (1,)).item()),
+        epoch_seed=ctx.epoch_seed(),  # the same on every rank and worker
         crop=ctx.options.crop,
         normalize=not on_gpu,
+        rank=ctx.world.rank,
+        world_size=ctx.world.world_size,
     )
     loader = data_loader(dataset, ctx, shuffle=False, batched=True)
     return finish_on_device(loader, ctx.device) if on_gpu else loader

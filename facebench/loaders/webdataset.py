@@ -185,11 +185,12 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
     keep_jpeg = options.device_decode and on_gpu and options.decoder == "torchvision"
     # A new shard order each epoch, drawn in the main process so all workers agree on it before
     # split_by_worker hands each its share.
-    seed = int(torch.randint(0, 2**62, (1,)).item())
+    seed = ctx.epoch_seed()  # the same on every rank: they agree on the order, then split it
     urls = [str(ctx.shards_dir / shard.name) for shard in manifest.shards]
     urls = [urls[i] for i in np.random.default_rng(seed).permutation(len(urls))]
     pipeline = wds.DataPipeline(
         wds.SimpleShardList(urls),
+        wds.split_by_node,
         wds.split_by_worker,
         wds.tarfile_to_samples(),
         wds.shuffle(options.shuffle_buffer, seed=seed),

@@ -39,7 +39,13 @@ from facebench.errors import ConfigError
 from facebench.paths import cache_dir
 from facebench.progress import progress
 from facebench.shards import pickle_format, raw_format, tar_format
-from facebench.shards.manifest import MANIFEST, Manifest, ShardEntry, encode_index
+from facebench.shards.manifest import (
+    MANIFEST,
+    Manifest,
+    OutdatedManifest,
+    ShardEntry,
+    encode_index,
+)
 from facebench.tracking import write_results
 
 log = logging.getLogger(__name__)
@@ -101,7 +107,11 @@ def ensure_shards(
     usable = usable_records(all_records, root, on_bad_sample, cache or cache_dir(), n_procs)
     records = usable.records
     settings = settings_for(shard_format, seed, shard_size, sorted(usable.excluded))
-    existing = Manifest.read(folder)
+    try:
+        existing = Manifest.read(folder)
+    except OutdatedManifest as error:
+        log.info("%s; rebuilding", str(error).split(". Rebuild", 1)[0])
+        existing = None
     if existing is not None and existing.matches(fingerprint, settings):
         wrong = existing.missing_or_resized(folder)
         if not wrong:

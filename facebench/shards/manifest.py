@@ -22,6 +22,10 @@ INDEX_SUFFIX = ".index.npy"
 INDEX_RECORD = np.dtype([("id", np.int64), ("label", np.int64)])
 
 
+class OutdatedManifest(ShardError):
+    """A manifest from another facebench version: rebuild rather than trust it."""
+
+
 @dataclass(frozen=True)
 class ShardEntry:
     name: str
@@ -64,9 +68,15 @@ class Manifest:
             return None
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
+            if raw.get("version") != MANIFEST_VERSION:
+                raise OutdatedManifest(
+                    f"{path}: written by another facebench version (manifest version "
+                    f"{raw.get('version')}, this one reads {MANIFEST_VERSION}). Rebuild: python "
+                    f"prepare.py format={raw.get('format', 'pickle')}"
+                )
             raw["shards"] = [ShardEntry(**entry) for entry in raw["shards"]]
             return cls(**raw)
-        except (ValueError, TypeError, KeyError) as error:
+        except (ValueError, TypeError, KeyError, AttributeError) as error:
             raise ShardError(
                 f"{path}: not a facebench manifest ({error}); delete the folder and run prepare.py"
             ) from None

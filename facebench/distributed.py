@@ -1,0 +1,102 @@
+"""Several processes, one job: torchrun's environment, the process group, and whole-job metrics.
+
+`torchrun --nproc_per_node=N train.py ...` starts N copies of train.py with RANK, WORLD_SIZE and
+LOCAL_RANK set. Each trains on its share of every epoch (DistributedDataParallel: nccl on GPUs,
+gloo on CPUs); rank 0 alone writes outputs and talks to MLflow, after gathering every rank's
+metrics into whole-job ones.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def world_from_env() -> World:
+    return World(
+        rank=int(os.environ.get("RANK", 0)),
+        world_size=int(os.environ.get("WORLD_SIZE", 1)),
+        local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+    )
+
+
+def start(world: World, device: torch.device) -> None:
+    """Join the process group (once); nccl for CUDA devices, gloo otherwise."""
+    if world.distributed and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+
+
+def stop() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier(world: World) -> None:
+    if world.distributed:
+        dist.barrier()
+
+
+def gather(world: World, value: Any) -> list[Any]:
+    """Every rank's value, on every rank (objects, so small things only)."""
+    if not world.distributed:
+        return [value]
+    values: list[Any] = [None] * world.world_size
+    dist.all_gather_object(values, value)
+    return values
+
+
+def join(model: torch.nn.Module | None):
+    """DDP's Join: a rank that runs out of batches early keeps answering the others' gradient
+    all-reduces instead of leaving them waiting forever (loaders whose workers read whole shards
+    cannot promise every rank the same number of batches)."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return model.join()
+    return nullcontext()
+
+
+def whole_job(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """One set of metrics for the job: counts summed, times from the slowest rank.
+
+    images_per_s is every rank's samples over the slowest rank's epoch time; data wait is given
+    as the mean and the max over ranks, so a straggler shows.
+    """
+    if len(per_rank) == 1:
+        return dict(per_rank[0])
+    merged = dict(per_rank[0])  # rank 0's values for what is not merged below (order metrics)
+    for name in ("samples_seen", "batches", "read_mb", "peak_rss_mb", "peak_mem_added_mb"):
+        values = [m[name] for m in per_rank if name in m]
+        if values:
+            merged[name] = float(sum(values))
+    for name in ("epoch_time_s", "time_to_first_batch_s"):
+        merged[name] = max(m[name] for m in per_rank)
+    merged["images_per_s"] = merged["samples_seen"] / merged["epoch_time_s"]
+    merged["steady_images_per_s"] = sum(m["steady_images_per_s"] for m in per_rank)
+    waits = [m["data_wait_s"] for m in per_rank]
+    merged["data_wait_s"] = statistics.mean(waits)
+    merged["data_wait_s_max"] = max(waits)
+    merged["data_wait_frac"] = statistics.mean(m["data_wait_frac"] for m in per_rank)
+    merged["data_wait_frac_max"] = max(m["data_wait_frac"] for m in per_rank)
+    merged["compute_s"] = max(m["compute_s"] for m in per_rank)
+    merged["cpu_util_mean"] = statistics.mean(m.get("cpu_util_mean", 0.0) for m in per_rank)
+    return merged
