@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n-images", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--loader", default="dataset")
+    parser.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> None:
                         "cache=warm",
                         f"data.n_images={args.n_images}",
                         *overrides,
+                        *args.extra,
                     )
                 )
                 rates[name].append(metrics["images_per_s"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable
 from datetime import datetime
@@ -62,10 +63,26 @@ def run_job(task: Callable[..., T], cfg: DictConfig) -> T:
     In a single run it exits with status 1. In a multirun it is re-raised, so Hydra marks this job
     failed and goes on with the others (and exits non-zero at the end).
     """
+    # SIGTERM (torchrun stopping the other ranks, SLURM's scancel or time limit) ends the job
+    # like Ctrl-C: runs are closed as KILLED and workers stopped, rather than left RUNNING.
+    signal.signal(signal.SIGTERM, _interrupt)
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    output_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        return task(cfg, output_dir=Path(HydraConfig.get().runtime.output_dir), sweep_id=sweep_id())
+        return task(cfg, output_dir=output_dir, sweep_id=sweep_id())
     except FacebenchError as error:
         log.error("%s", user_message(error))
-        if HydraConfig.get().mode == RunMode.MULTIRUN:
+        if HydraConfig.get().mode == RunMode.MULTIRUN and not distributed:
             raise
         sys.exit(1)
+    except Exception:
+        if distributed:
+            # One rank failing must end the job: going on to the next job of a sweep would pair
+            # its collectives with the other ranks' and hang or mix up the runs.
+            log.exception("this rank failed; ending the job")
+            sys.exit(1)
+        raise
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")

@@ -138,6 +138,15 @@ def validate(cfg: DictConfig) -> None:
     device = OmegaConf.select(cfg, "device")
     if device is not None and not _DEVICE.match(device):
         problems.append(f"device={device}: use auto, cpu, cuda or cuda:N")
+    positive("loader.shuffle_buffer")
+    loader_choices = {
+        "loader.decoder": ("torchvision", "pil"),
+        "loader.method": ("process", "thread"),
+    }
+    for key, allowed in loader_choices.items():
+        value = OmegaConf.select(cfg, key)
+        if value is not None and value not in allowed:
+            problems.append(f"{key}={value}: use one of {', '.join(allowed)}")
     sample_hz = OmegaConf.select(cfg, "sample_hz")
     if sample_hz is not None and not 0 <= sample_hz <= 100:
         problems.append(f"sample_hz={sample_hz}: use 0 (off) to 100")

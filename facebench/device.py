@@ -11,12 +11,17 @@ import torch
 from facebench.errors import ConfigError
 
 
-def resolve_device(requested: str, local_rank: int = 0) -> torch.device:
+def resolve_device(requested: str, local_rank: int = 0, distributed: bool = False) -> torch.device:
     """auto -> a CUDA device when there is one, else the CPU. Under torchrun, `cuda` and `auto`
     mean this process's own GPU, cuda:LOCAL_RANK."""
     if requested == "auto":
         requested = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(requested)
+    if distributed and device.type == "cuda" and device.index is not None:
+        raise ConfigError(
+            f"device={requested}: under torchrun every rank uses its own GPU (cuda:LOCAL_RANK); "
+            "use device=cuda or auto"
+        )
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(f"device={requested}: no CUDA device here; use device=cpu or auto")

@@ -12,6 +12,7 @@ import os
 import statistics
 from contextlib import nullcontext
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -33,7 +34,16 @@ class World:
         return self.world_size > 1
 
 
+# Rank 0 may build shards or decode every image for on_bad_sample=skip while the others wait:
+# far longer than torch's default 10 (nccl) or 30 (gloo) minutes.
+PROCESS_GROUP_TIMEOUT = timedelta(hours=12)
+
+
 def world_from_env() -> World:
+    """This process's place in the job, from torchrun's variables (or, in a SLURM job of several
+    tasks started by Hydra's submitit launcher, from SLURM's, exported as torchrun's)."""
+    if "RANK" not in os.environ and "SUBMITIT_EXECUTOR" in os.environ:
+        _export_submitit_environment()
     return World(
         rank=int(os.environ.get("RANK", 0)),
         world_size=int(os.environ.get("WORLD_SIZE", 1)),
@@ -41,10 +51,23 @@ def world_from_env() -> World:
     )
 
 
+def _export_submitit_environment() -> None:
+    from submitit.helpers import TorchDistributedEnvironment
+
+    if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+        # Raises, naming the variable, if torchrun's variables are half set already.
+        TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+
+
 def start(world: World, device: torch.device) -> None:
     """Join the process group (once); nccl for CUDA devices, gloo otherwise."""
     if world.distributed and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        if device.type == "cuda":
+            # Collectives, barriers and pinning use the current device: make it this rank's GPU.
+            torch.cuda.set_device(device)
+            dist.init_process_group(backend="nccl", timeout=PROCESS_GROUP_TIMEOUT, device_id=device)
+        else:
+            dist.init_process_group(backend="gloo", timeout=PROCESS_GROUP_TIMEOUT)
 
 
 def stop() -> None:
@@ -84,12 +107,16 @@ def whole_job(per_rank: list[dict[str, float]]) -> dict[str, float]:
     if len(per_rank) == 1:
         return dict(per_rank[0])
     merged = dict(per_rank[0])  # rank 0's values for what is not merged below (order metrics)
-    for name in ("samples_seen", "batches", "read_mb", "peak_rss_mb", "peak_mem_added_mb"):
+    for name in ("samples_seen", "batches", "read_mb", "peak_rss_mb"):
         values = [m[name] for m in per_rank if name in m]
         if values:
             merged[name] = float(sum(values))
-    for name in ("epoch_time_s", "time_to_first_batch_s"):
-        merged[name] = max(m[name] for m in per_rank)
+    # Machine-wide already: summing would count one machine once per rank.
+    merged["peak_mem_added_mb"] = max(m.get("peak_mem_added_mb", 0.0) for m in per_rank)
+    slowest = max(per_rank, key=lambda m: m["epoch_time_s"])
+    merged["epoch_time_s"] = slowest["epoch_time_s"]
+    merged["compute_s"] = slowest["compute_s"]
+    merged["time_to_first_batch_s"] = max(m["time_to_first_batch_s"] for m in per_rank)
     merged["images_per_s"] = merged["samples_seen"] / merged["epoch_time_s"]
     merged["steady_images_per_s"] = sum(m["steady_images_per_s"] for m in per_rank)
     waits = [m["data_wait_s"] for m in per_rank]
@@ -97,6 +124,5 @@ def whole_job(per_rank: list[dict[str, float]]) -> dict[str, float]:
     merged["data_wait_s_max"] = max(waits)
     merged["data_wait_frac"] = statistics.mean(m["data_wait_frac"] for m in per_rank)
     merged["data_wait_frac_max"] = max(m["data_wait_frac"] for m in per_rank)
-    merged["compute_s"] = max(m["compute_s"] for m in per_rank)
     merged["cpu_util_mean"] = statistics.mean(m.get("cpu_util_mean", 0.0) for m in per_rank)
     return merged

@@ -117,19 +117,25 @@ def run_epoch(
     """
     meter = EpochMeter(device)
     sampler = ResourceSampler(device, sample_hz)
-    meter.start()
-    sampler.start(meter.started_at)
+    sampler.prepare()  # NVML start-up, outside the clock
     bar = epoch_progress(expected_images, description)
-    batches = iter(build_loader())
+    batches = None
     first_loss: torch.Tensor | None = None
     last_loss: torch.Tensor | None = None
     ids_seen: list[torch.Tensor] = []
     labels_seen: list[torch.Tensor] = []
     resources: dict[str, float] = {}
     try:
+        meter.start()
+        sampler.start(meter.started_at)
+        # Building the loader (listing files, forking workers) is part of waiting for the first
+        # batch: the first wait is counted from the start of the epoch.
+        asked_at = meter.started_at
+        batches = iter(build_loader())
         with join or nullcontext():
             while True:
-                asked_at = meter.waiting()
+                if meter.n_batches:
+                    asked_at = meter.waiting()
                 try:
                     images, targets, ids = next(batches)
                 except StopIteration:

@@ -34,7 +34,20 @@ SEED_IMAGES = 922_599
 CEILING = "synthetic"
 SEED_LOADERS = ("dataset", "datapipe", "pickle")  # columns come first, in the article's order
 # What must match for runs to share a table; loader and n_workers vary within one.
-GROUP_PARAMS = ("data", "data.n_images", "model", "amp", "batch_size", "cache", "device_type")
+GROUP_PARAMS = (
+    "data",
+    "data.root",
+    "data.n_images",
+    "model",
+    "amp",
+    "batch_size",
+    "cache",
+    "device_type",
+    "world_size",
+    "epochs",
+    "max_batches",
+    "shard_size",
+)
 KIND_TAG = "facebench.kind"
 
 
@@ -58,11 +71,15 @@ def latest_sweep(runs) -> str | None:
 
 
 def tables(runs) -> dict[tuple, dict[int, dict[str, Cell]]]:
-    """{settings: {n_workers: {loader: cell}}} over the finished runs."""
+    """{settings: {n_workers: {loader column: cell}}} over the finished runs."""
     grouped: dict[tuple, dict[int, dict[str, Cell]]] = defaultdict(lambda: defaultdict(dict))
+    runs = [
+        run
+        for run in runs
+        if run.info.status == "FINISHED" and run.data.tags.get(KIND_TAG) != "report"
+    ]
+    varying = _varying_loader_options(runs)
     for run in runs:
-        if run.info.status != "FINISHED" or run.data.tags.get(KIND_TAG) == "report":
-            continue
         params = run.data.params
         key = tuple((name, params.get(name, "")) for name in GROUP_PARAMS)
         cell = Cell(
@@ -70,12 +87,47 @@ def tables(runs) -> dict[tuple, dict[int, dict[str, Cell]]]:
             images_per_s=_metric(run, "images_per_s"),
             repeats=int(run.data.metrics.get("measured_epochs", 1)),
         )
-        grouped[key][int(params["n_workers"])][params["loader"]] = cell
+        column = _column(params, varying.get(params["loader"], ()))
+        row = grouped[key][int(params["n_workers"])]
+        if column in row:
+            raise SystemExit(
+                f"runs {run.info.run_name} and another share settings {dict(key)}, "
+                f"n_workers={params['n_workers']} and loader column {column!r}; they cannot "
+                "share one cell. Report them as separate sweeps (--sweep)"
+            )
+        row[column] = cell
     return grouped
 
 
+def _varying_loader_options(runs) -> dict[str, tuple[str, ...]]:
+    """For each loader, the loader.* options that differ between its runs (a sweep over
+    loader.decoder, say): they become part of the column's name."""
+    values: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    for run in runs:
+        params = run.data.params
+        for name, value in params.items():
+            if name.startswith("loader.") and name != "loader.name":
+                values[params.get("loader", "")][name].add(value)
+    return {
+        loader: tuple(sorted(name for name, seen in options.items() if len(seen) > 1))
+        for loader, options in values.items()
+    }
+
+
+def _column(params: dict[str, str], options: tuple[str, ...]) -> str:
+    if not options:
+        return params["loader"]
+    detail = ", ".join(f"{name.removeprefix('loader.')}={params.get(name)}" for name in options)
+    return f"{params['loader']} ({detail})"
+
+
 def _ordered(loaders: set[str]) -> list[str]:
-    seed = [loader for loader in SEED_LOADERS if loader in loaders]
+    seed = [
+        column
+        for name in SEED_LOADERS
+        for column in sorted(loaders)
+        if column.split(" (")[0] == name
+    ]
     return seed + sorted(loaders - set(seed))
 
 

@@ -25,6 +25,7 @@ from facebench.distributed import start as start_distributed
 from facebench.epoch import build_trainer, run_epoch
 from facebench.errors import ConfigError, FacebenchError
 from facebench.loaders.base import LoaderContext
+from facebench.loaders.shardsets import ensure_loader_shards, shard_files
 from facebench.pagecache import prepare_cache, resident_fraction
 from facebench.paths import cache_dir
 from facebench.tracking import Tracker, flatten, git_commit, write_results
@@ -57,7 +58,7 @@ def run_training(
     """Run the configured epochs `repeat` times; return the last epoch's metrics and summaries."""
     validate(cfg)
     world = world_from_env()
-    device = resolve_device(cfg.device, world.local_rank)
+    device = resolve_device(cfg.device, world.local_rank, world.distributed)
     start_distributed(world, device)
     precision = resolve_precision(cfg.amp.mode, device)
     name = run_name(cfg, precision.name)
@@ -88,6 +89,9 @@ def run_training(
         try:
             _run(cfg, world, device, precision, tracker, results["metrics"])
             results["status"] = "FINISHED"
+        except KeyboardInterrupt:
+            results["status"] = "KILLED"
+            raise
         finally:
             # Written even when the job fails: nothing measured is lost.
             if output_dir is not None:
@@ -162,8 +166,7 @@ def _run(
         )
     loader = loaders.get(cfg.loader.name)
     ctx = loader_context(cfg, loader, root, records, labels, device, usable.excluded, world)
-    if hasattr(loader, "before_epoch"):
-        metrics.update(loader.before_epoch(ctx))  # rank 0 first: it builds missing shards
+    metrics.update(before_epoch(loader, ctx))  # rank 0 first: it builds missing shards
     if world.is_main:
         barrier(world)
     trainer = None
@@ -195,7 +198,7 @@ def _run(
     n_measured = cfg.repeat * cfg.epochs
     for step in range(n_measured):
         ctx.epoch = step
-        if world.is_main:
+        if world.local_rank == 0:
             prepare_cache(cfg.cache, files)  # one page cache per machine: one rank prepares it
         barrier(world)
         cache_metrics = _cache_state(files)
@@ -296,10 +299,21 @@ def summarise(per_epoch: list[dict[str, float]]) -> dict[str, float]:
     return summary
 
 
+def before_epoch(loader: ModuleType, ctx: LoaderContext) -> dict[str, float]:
+    """The loader's preparation, outside the clock: by default, build its shards if missing."""
+    if hasattr(loader, "before_epoch"):
+        return loader.before_epoch(ctx)
+    if hasattr(loader, "SHARD_FORMAT"):
+        return ensure_loader_shards(ctx, loader.SHARD_FORMAT)
+    return {}
+
+
 def _data_files(loader: ModuleType, ctx: LoaderContext) -> list[str]:
     """The files an epoch of this loader reads: its shards, or by default every image."""
     if hasattr(loader, "data_files"):
         return loader.data_files(ctx)
+    if hasattr(loader, "SHARD_FORMAT"):
+        return shard_files(ctx)
     return [record.path for record in ctx.records]
 
 

@@ -89,15 +89,18 @@ class ResourceSampler:
         self._start_counters: Counters | None = None
         self._wall_start = 0.0
 
-    def start(self, wall_start: float) -> None:
-        self._wall_start = wall_start
-        self._start_counters = read_counters()
-        self._used_start = psutil.virtual_memory().used
+    def prepare(self) -> None:
+        """Find the GPU in NVML (slow the first time): call before the epoch clock starts."""
         if self.device.type == "cuda":
             try:
                 self._gpu = _gpu_handle(self.device)
             except Exception as error:  # no NVML library, driver mismatch, ...
                 log.warning("GPU metrics unavailable: NVML failed (%s)", error)
+
+    def start(self, wall_start: float) -> None:
+        self._wall_start = wall_start
+        self._start_counters = read_counters()
+        self._used_start = psutil.virtual_memory().used
         if self.period:
             self._sample()
             self._thread = threading.Thread(target=self._run, name="facebench-sampler", daemon=True)

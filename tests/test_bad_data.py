@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import shutil
 import subprocess
 import sys
 
@@ -31,6 +32,10 @@ def damaged_tree(tree_factory):
     (images / "000004.jpg").write_bytes(data[: len(data) // 3])  # truncated JPEG
     (root / "DigiFace1M" / "1" / "5.png").write_text("not a PNG at all")  # text named .png
     (root / "DigiFace1M" / "1" / "readme.txt").write_text("ignored by every loader")
+    # PNGs outside <identity>/<n>.png: no loader takes them (the datapipe's FileLister would).
+    shutil.copy(root / "DigiFace1M" / "0" / "0.png", root / "DigiFace1M" / "stray.png")
+    (root / "DigiFace1M" / "1" / "sub").mkdir()
+    shutil.copy(root / "DigiFace1M" / "0" / "0.png", root / "DigiFace1M" / "1" / "sub" / "0.png")
     return root
 
 
@@ -141,8 +146,6 @@ def test_an_empty_dataset_is_an_error(tree_factory):
 
 @pytest.mark.parametrize("missing", ["CelebA", "DigiFace1M"])
 def test_a_missing_source_folder_is_named(tree_factory, missing):
-    import shutil
-
     from facebench.data.sources import read_records
 
     root = tree_factory(celeba=_celeba(2), digiface={0: 2})

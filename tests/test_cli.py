@@ -124,11 +124,14 @@ def test_bad_config_fails_at_compose_time(make_cfg, override, error, says):
         ("n_workers=-1", "n_workers=-1: must be 0 or more"),
         ("device=gpu", "device=gpu: use auto, cpu, cuda or cuda:N"),
         ("data=celeba_digiface", "data.root is empty"),
+        ("loader=datapipe loader.shuffle_buffer=0", "loader.shuffle_buffer=0: must be at least 1"),
+        ("loader=nodes loader.decoder=fast", "loader.decoder=fast: use one of torchvision, pil"),
+        ("loader=nodes loader.method=fork", "loader.method=fork: use one of process, thread"),
     ],
 )
 def test_bad_values_are_named(make_cfg, override, says):
     with pytest.raises(ConfigError, match=says):
-        validate(make_cfg(override))
+        validate(make_cfg(*override.split()))
 
 
 def test_the_seed_comparison_on_a_real_layout_tree(tmp_path, cache, isolated_env, tree_factory):

@@ -20,7 +20,7 @@ from facebench.data.sources import read_records
 from facebench.errors import FacebenchError, ShardError
 from facebench.loaders.shardsets import trusted_manifest
 from facebench.paths import PROJECT_ROOT
-from facebench.runner import loader_context
+from facebench.runner import before_epoch, loader_context
 from facebench.shards.manifest import Manifest
 from tests.helpers import delivered
 
@@ -190,8 +190,7 @@ def test_random_damage_never_passes_silently(tmp_path, synthetic_root, make_cfg)
                 records, labels = read_records(root)
                 module = loaders.get(loader)
                 ctx = loader_context(cfg, module, root, records, labels, torch.device("cpu"))
-                if hasattr(module, "before_epoch"):
-                    module.before_epoch(ctx)
+                before_epoch(module, ctx)
                 if kind == 2 and hasattr(module, "SHARD_FORMAT"):  # damage a built shard
                     shard = sorted(
                         p

@@ -7,7 +7,7 @@ import torch
 
 from facebench import loaders
 from facebench.data.sources import read_records
-from facebench.runner import loader_context
+from facebench.runner import before_epoch, loader_context
 from tests.helpers import assert_same_samples, delivered, expected
 
 pytestmark = pytest.mark.gpu
@@ -36,8 +36,7 @@ def test_device_paths_deliver_the_same_samples(make_cfg, synthetic_root, name, o
     records, labels = read_records(synthetic_root)
     module = loaders.get(name)
     ctx = loader_context(cfg, module, synthetic_root, records, labels, torch.device("cuda"))
-    if hasattr(module, "before_epoch"):
-        module.before_epoch(ctx)
+    before_epoch(module, ctx)
     batches = list(module.build(ctx))
     assert all(images.device.type == "cuda" for images, _, _ in batches)
     seen = delivered(batches)

@@ -8,7 +8,7 @@ import torch
 from facebench import loaders
 from facebench.data.sources import read_records
 from facebench.loaders.base import LoaderContext
-from facebench.runner import loader_context
+from facebench.runner import before_epoch, loader_context
 from tests.helpers import assert_same_samples, delivered, expected
 
 EXACT = ["dataset", "datapipe", "pickle", "raw"]  # pixel for pixel the seed's preprocessing
@@ -39,8 +39,7 @@ def _epoch(make_cfg, synthetic_root, name, n_workers, batch_size):
     )
     module = loaders.get(name)
     ctx = context(cfg, synthetic_root)
-    if hasattr(module, "before_epoch"):
-        module.before_epoch(ctx)
+    before_epoch(module, ctx)
     return delivered(module.build(ctx))
 
 

@@ -80,7 +80,7 @@ def test_changed_settings_or_inputs_rebuild(data_copy, tmp_path):
     assert resized.built and len(resized.manifest.shards) == 3
     names = [f"shard-0000{i}.pickle" for i in range(3)]
     index = [f"{name}.index.npy" for name in names]
-    assert sorted(p.name for p in folder.iterdir()) == sorted([MANIFEST, *names, *index])
+    assert sorted(p.name for p in folder.iterdir()) == sorted([".lock", MANIFEST, *names, *index])
     image = next((data_copy / "DigiFace1M" / "0").iterdir())
     shutil.copy(image, image.with_name("999.png"))
     grown = ensure_shards(data_copy, folder, "pickle", shard_size=40)

@@ -52,6 +52,7 @@ def test_largest_celeba_identity_and_first_digiface_folder_do_not_collide(tree_f
         "\n000001.jpg 5\n\n   \n000002.jpg 7\n\n",  # blank lines
         "000001.jpg 5\n000002.jpg 7",  # no final newline
         "000001.jpg   5\n000002.jpg\t7\n",  # more than one space between fields
+        "\ufeff000001.jpg 5\n000002.jpg 7\n",  # a UTF-8 byte-order mark
     ],
 )
 def test_odd_but_valid_label_files_read_the_same(tree_factory, text):
@@ -67,6 +68,7 @@ def test_odd_but_valid_label_files_read_the_same(tree_factory, text):
         ("000001.jpg 5\n\n000002.jpg five\n", 3, "not an integer"),
         ("000001.jpg 0\n", 1, "must be 1 or more"),
         ("../../etc/passwd 4\n", 1, "plain file name"),
+        ("000001.jpg 5\n000002.jpg 6\n000001.jpg 7\n", 3, "listed again (first on line 1)"),
     ],
 )
 def test_malformed_label_lines_name_the_file_and_line(tree_factory, text, line, says):
@@ -102,3 +104,10 @@ def test_digiface_folder_that_is_not_an_identity_is_an_error(tree_factory):
     (root / "DigiFace1M" / "extras").mkdir()
     with pytest.raises(DataError, match="extras: DigiFace1M folder names are integer"):
         label_space(root)
+
+
+def test_a_label_file_that_is_not_text_is_named(tree_factory):
+    root = tree_factory(celeba={"000001.jpg": 1}, digiface={}, label_text="")
+    (root / "CelebA" / "identity_CelebA.txt").write_bytes(b"000001.jpg 1\n\xff\xfe\x00garbage")
+    with pytest.raises(DataError, match="identity_CelebA.txt: not UTF-8 text"):
+        celeba_identities(root)

@@ -38,15 +38,17 @@ class Usable:
 
 
 def source_fingerprint(records: list[Record], root: Path) -> str:
-    """sha256 over every source file's path (relative to root), label and size (-1: missing)."""
+    """sha256 over every source file's path (relative to root), label, size and modification
+    time (-1 if missing): a file replaced by one of the same size still changes it."""
     digest = hashlib.sha256()
     for record in records:
         relative = os.path.relpath(record.path, root)
         try:
-            size = os.path.getsize(record.path)
+            stat = os.stat(record.path)
+            size, mtime = stat.st_size, stat.st_mtime_ns
         except OSError:
-            size = -1
-        digest.update(f"{relative}\t{record.label}\t{size}\n".encode())
+            size = mtime = -1
+        digest.update(f"{relative}\t{record.label}\t{size}\t{mtime}\n".encode())
     return digest.hexdigest()
 
 
@@ -106,8 +108,7 @@ def usable_records(
 def _cached_problems(
     records: list[Record], root: Path, cache: Path, n_procs: int
 ) -> list[tuple[str, str]]:
-    # Keyed by the files' relative paths, labels and sizes, and stored relative to the root, so a
-    # copy of the same data elsewhere shares the verdict.
+    # Keyed by the files' relative paths, labels, sizes and times; stored relative to the root.
     path = cache / "checks" / f"{source_fingerprint(records, root)[:24]}.json"
     if path.is_file():
         stored = json.loads(path.read_text(encoding="utf-8"))

@@ -79,30 +79,42 @@ def celeba_identities(root: str | os.PathLike) -> list[tuple[str, int]]:
     if not labels_path.is_file():
         raise DataError(f"{labels_path}: CelebA label file not found")
     entries: list[tuple[str, int]] = []
-    with open(labels_path, encoding="utf-8", newline=None) as lines:
-        for line_number, line in enumerate(lines, start=1):
-            fields = line.split()
-            if not fields:
-                continue
-            where = f"{labels_path}:{line_number}"
-            if len(fields) != 2:
-                raise DataError(
-                    f"{where}: expected '<image name> <identity>', got {line.rstrip()!r}; "
-                    "fix or remove that line"
-                )
-            name, identity_text = fields
-            try:
-                identity = int(identity_text)
-            except ValueError:
-                raise DataError(
-                    f"{where}: identity {identity_text!r} is not an integer; fix that line"
-                ) from None
-            if identity < 1:
-                raise DataError(f"{where}: identity {identity} must be 1 or more (1-based)")
-            # A name with a separator could point outside data.root.
-            if os.sep in name or "/" in name or name in (".", ".."):
-                raise DataError(f"{where}: image name {name!r} must be a plain file name")
-            entries.append((name, identity))
+    seen: dict[str, int] = {}
+    try:
+        text = labels_path.read_text(encoding="utf-8-sig")  # a byte-order mark is tolerated
+    except UnicodeDecodeError as error:
+        raise DataError(
+            f"{labels_path}: not UTF-8 text (byte {error.start}); is this the right file?"
+        ) from None
+    for line_number, line in enumerate(text.splitlines(), start=1):
+        fields = line.split()
+        if not fields:
+            continue
+        where = f"{labels_path}:{line_number}"
+        if len(fields) != 2:
+            raise DataError(
+                f"{where}: expected '<image name> <identity>', got {line.rstrip()!r}; "
+                "fix or remove that line"
+            )
+        name, identity_text = fields
+        try:
+            identity = int(identity_text)
+        except ValueError:
+            raise DataError(
+                f"{where}: identity {identity_text!r} is not an integer; fix that line"
+            ) from None
+        if identity < 1:
+            raise DataError(f"{where}: identity {identity} must be 1 or more (1-based)")
+        # A name with a separator could point outside data.root.
+        if os.sep in name or "/" in name or name in (".", ".."):
+            raise DataError(f"{where}: image name {name!r} must be a plain file name")
+        if name in seen:
+            raise DataError(
+                f"{where}: {name} is listed again (first on line {seen[name]}); "
+                "remove one of the two lines"
+            )
+        seen[name] = line_number
+        entries.append((name, identity))
     if not entries:
         raise DataError(f"{labels_path}: no labelled images; is this the right file?")
     return entries
@@ -116,7 +128,8 @@ def _digiface_folders(root: str | os.PathLike) -> list[tuple[int, str]]:
     folders: list[tuple[int, str]] = []
     with os.scandir(digiface) as entries:
         for entry in entries:
-            if not entry.is_dir():
+            # Not following links, as os.walk (and so the datapipe loader's FileLister) does not.
+            if not entry.is_dir(follow_symlinks=False):
                 continue
             try:
                 folders.append((int(entry.name), entry.path))

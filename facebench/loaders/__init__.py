@@ -2,9 +2,10 @@
 
 A loader module defines `Options` (a `LoaderConfig` subclass, or `LoaderConfig` itself) and
 `build(ctx: LoaderContext) -> Iterable[Batch]`, called inside the epoch clock. It may define
-`before_epoch(ctx) -> dict[str, float]`, run before the clock starts (to build missing shards, say;
-what it returns is logged as metrics), `data_files(ctx)` (the files an epoch reads, for cache
-control; by default every image) and `SHARD_FORMAT` (the prepare.py format it reads).
+`SHARD_FORMAT` (the prepare.py format it reads: its shards are then built before the clock
+when missing, and are the files whose page cache `cache=` controls), `before_epoch(ctx) ->
+dict[str, float]` to replace that preparation (what it returns is logged as metrics), and
+`data_files(ctx)` (the files an epoch reads; by default its shards, or every image).
 Adding a loader is one module here and one YAML file in conf/loader/ whose defaults list names
 `<module>_schema`.
 """

@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler
 
 from facebench.config import LoaderConfig
-from facebench.data.batch_transforms import crop_batch, normalize_batch
+from facebench.data.batch_transforms import crop_batch, crop_offsets, normalize_batch
 from facebench.data.sources import LabelSpace, Record
 from facebench.distributed import World
 
@@ -71,7 +71,9 @@ def data_loader(
     batched=True: the dataset yields whole batches itself, and the DataLoader only moves them.
     """
     generator = torch.Generator()
-    generator.manual_seed(ctx.epoch_seed())
+    # Shuffles agree across ranks through their samplers (or, for DataPipes, a seed the
+    # DataLoader shares); the workers' own random crops must differ between ranks.
+    generator.manual_seed(ctx.epoch_seed() + ctx.world.rank)
     extra: dict[str, Any] = {}
     if ctx.n_workers > 0:
         extra["prefetch_factor"] = ctx.options.prefetch_factor
@@ -103,3 +105,40 @@ def usable(records: list[Record], ctx: LoaderContext) -> list[Record]:
     if not ctx.excluded:
         return records
     return [record for record in records if record.path not in ctx.excluded]
+
+
+def distributed_sampler(dataset_or_range, ctx: LoaderContext) -> DistributedSampler:
+    """Each rank its own equal share (drop_last), reshuffled each epoch alike on every rank."""
+    sampler = DistributedSampler(
+        dataset_or_range,
+        num_replicas=ctx.world.world_size,
+        rank=ctx.world.rank,
+        shuffle=True,
+        seed=ctx.seed,
+        drop_last=True,
+    )
+    sampler.set_epoch(ctx.epoch)
+    return sampler
+
+
+def batch_rng(epoch_seed: int, ids: torch.Tensor) -> np.random.Generator:
+    """Crop randomness for one batch, from the epoch's seed and the batch's first sample: the same
+    whichever worker, thread or rank draws it, and different for every batch and epoch (forked
+    worker processes that were never reseeded would otherwise all draw the same offsets)."""
+    return np.random.default_rng([epoch_seed, int(ids[0]) if len(ids) else 0, len(ids)])
+
+
+def uint8_batch(
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    ids: torch.Tensor,
+    crop: str,
+    normalize: bool,
+    epoch_seed: int,
+) -> tuple[torch.Tensor, ...]:
+    """A (n, 112, 112, 3) uint8 batch, finished here (random crop and normalize, on the CPU) or
+    left for finish_on_device with its crop offsets drawn now."""
+    offsets = torch.from_numpy(crop_offsets(len(images), crop, batch_rng(epoch_seed, ids)))
+    if normalize:
+        return normalize_batch(crop_batch(images, offsets)), labels, ids
+    return images, labels, ids, offsets

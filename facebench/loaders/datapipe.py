@@ -22,6 +22,7 @@ loader=dataset. Each worker still decodes and transforms its samples and sends w
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,13 +47,15 @@ class Options(LoaderConfig):
 
 
 class Keep:
-    """Drop paths that on_bad_sample=skip left out (picklable, for the workers)."""
+    """What the other loaders list too: <DigiFace1M>/<folder>/<file>.png, one level down, less
+    what on_bad_sample=skip left out (picklable, for the workers)."""
 
-    def __init__(self, excluded: frozenset[str]) -> None:
+    def __init__(self, digiface: str, excluded: frozenset[str]) -> None:
+        self.digiface = digiface
         self.excluded = excluded
 
     def __call__(self, path: str) -> bool:
-        return path not in self.excluded
+        return os.path.dirname(os.path.dirname(path)) == self.digiface and path not in self.excluded
 
 
 class DigiFaceRecord:
@@ -102,9 +105,8 @@ def build_datapipe(ctx: LoaderContext) -> IterDataPipe:
     ]
     n_celeba = len(celeba)
     ids = SampleIndex([r.path for r in ctx.records if r.source != CELEBA], offset=n_celeba)
-    digiface = FileLister(str(Path(ctx.data_root) / DIGIFACE), masks="*.png", recursive=True)
-    if ctx.excluded:
-        digiface = digiface.filter(Keep(ctx.excluded))
+    folder = str(Path(ctx.data_root) / DIGIFACE)
+    digiface = FileLister(folder, masks="*.png", recursive=True).filter(Keep(folder, ctx.excluded))
     pipe = IterableWrapper(celeba, deepcopy=False).concat(
         digiface.map(DigiFaceRecord(ctx.labels, ids))
     )

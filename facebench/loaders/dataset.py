@@ -8,12 +8,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 import torch
-from torch.utils.data import ConcatDataset, Dataset, DistributedSampler
+from torch.utils.data import ConcatDataset, Dataset
 
 from facebench.config import LoaderConfig
 from facebench.data.images import open_sample
 from facebench.data.sources import Record, celeba_records, digiface_records
-from facebench.loaders.base import Batch, LoaderContext, data_loader, usable
+from facebench.loaders.base import (
+    Batch,
+    LoaderContext,
+    data_loader,
+    distributed_sampler,
+    usable,
+)
 
 Options = LoaderConfig
 
@@ -41,16 +47,5 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
         usable(digiface_records(ctx.data_root, ctx.labels), ctx), ctx.transform, len(celeba)
     )
     dataset = ConcatDataset([celeba, digiface])
-    sampler = None
-    if ctx.world.distributed:
-        # Each rank its own equal share (drop_last), reshuffled each epoch by set_epoch.
-        sampler = DistributedSampler(
-            dataset,
-            num_replicas=ctx.world.world_size,
-            rank=ctx.world.rank,
-            shuffle=True,
-            seed=ctx.seed,
-            drop_last=True,
-        )
-        sampler.set_epoch(ctx.epoch)
+    sampler = distributed_sampler(dataset, ctx) if ctx.world.distributed else None
     return data_loader(dataset, ctx, shuffle=True, sampler=sampler)

@@ -16,9 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
-from torch.utils.data import DistributedSampler, RandomSampler
+from torch.utils.data import RandomSampler
 from torchdata.nodes import (
     Batcher,
     Loader,
@@ -30,15 +29,18 @@ from torchdata.nodes import (
 )
 
 from facebench.config import LoaderConfig
-from facebench.data.batch_transforms import crop_batch, crop_offsets, normalize_batch
 from facebench.data.fast_decode import decode_resized
 from facebench.data.images import open_sample
 from facebench.data.sources import Record, celeba_records, digiface_records
-from facebench.errors import ConfigError
-from facebench.loaders.base import Batch, LoaderContext, finish_on_device, usable
-
-METHODS = ("process", "thread")
-DECODERS = ("torchvision", "pil")
+from facebench.loaders.base import (
+    Batch,
+    LoaderContext,
+    batch_rng,
+    distributed_sampler,
+    finish_on_device,
+    uint8_batch,
+    usable,
+)
 
 
 @dataclass
@@ -63,7 +65,10 @@ class ToRecords:
 class LoadBatch:
     """(index, record) pairs -> (images, labels, ids); picklable for process workers."""
 
-    def __init__(self, decoder: str, transform: Callable, crop: str, normalize: bool) -> None:
+    def __init__(
+        self, decoder: str, transform: Callable, crop: str, normalize: bool, epoch_seed: int
+    ) -> None:
+        self.epoch_seed = epoch_seed
         self.decoder = decoder
         self.transform = transform
         self.crop = crop
@@ -74,28 +79,17 @@ class LoadBatch:
         labels = torch.tensor([r.label for r in chosen])
         ids = torch.tensor([i for i, _ in batch])
         if self.decoder == "pil":
+            # RandomCrop draws from torch's global generator, which forked workers share.
+            torch.manual_seed(int(batch_rng(self.epoch_seed, ids).integers(2**62)))
             images = [self.transform(open_sample(r.path, r.source)) for r in chosen]
             return torch.stack(images), labels, ids
         images = torch.stack([decode_resized(_read(r.path), r.source, r.path) for r in chosen])
-        rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,)).item()))
-        offsets = torch.from_numpy(crop_offsets(len(chosen), self.crop, rng))
-        if self.normalize:
-            return normalize_batch(crop_batch(images, offsets)), labels, ids
-        return images, labels, ids, offsets
+        return uint8_batch(images, labels, ids, self.crop, self.normalize, self.epoch_seed)
 
 
 def _read(path: str) -> bytes:
     with open(path, "rb") as file:
         return file.read()
-
-
-def before_epoch(ctx: LoaderContext) -> dict[str, float]:
-    options: Options = ctx.options
-    if options.method not in METHODS:
-        raise ConfigError(f"loader.method={options.method}: use one of {', '.join(METHODS)}")
-    if options.decoder not in DECODERS:
-        raise ConfigError(f"loader.decoder={options.decoder}: use one of {', '.join(DECODERS)}")
-    return {}
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:
@@ -105,22 +99,16 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
     records += usable(digiface_records(ctx.data_root, ctx.labels), ctx)
     on_gpu = ctx.device.type == "cuda"
     if ctx.world.distributed:
-        sampler = DistributedSampler(
-            range(len(records)),
-            num_replicas=ctx.world.world_size,
-            rank=ctx.world.rank,
-            shuffle=True,
-            seed=ctx.seed,
-            drop_last=True,
-        )
-        sampler.set_epoch(ctx.epoch)
+        sampler = distributed_sampler(range(len(records)), ctx)
     else:
         generator = torch.Generator().manual_seed(ctx.epoch_seed())
         sampler = RandomSampler(range(len(records)), generator=generator)
     node = SamplerWrapper(sampler)
     node = Batcher(node, batch_size=ctx.batch_size, drop_last=True)
     node = Mapper(node, map_fn=ToRecords(records))
-    load = LoadBatch(options.decoder, ctx.transform, options.crop, normalize=not on_gpu)
+    load = LoadBatch(
+        options.decoder, ctx.transform, options.crop, not on_gpu, ctx.epoch_seed() + ctx.world.rank
+    )
     if ctx.n_workers > 0:
         node = ParallelMapper(
             node, map_fn=load, num_workers=ctx.n_workers, method=options.method, in_order=True

@@ -23,7 +23,7 @@ from torch.utils.data.datapipes.iter import IterableWrapper
 
 from facebench.config import LoaderConfig
 from facebench.loaders.base import Batch, LoaderContext, data_loader
-from facebench.loaders.shardsets import ensure_loader_shards, shard_files, trusted_manifest
+from facebench.loaders.shardsets import trusted_manifest
 from facebench.shards import pickle_format
 from facebench.shards.manifest import read_verified
 
@@ -49,14 +49,6 @@ class PickleShardLoader(IterDataPipe):
             data = read_verified(Path(path), self.sha256[Path(path).name])
             for image, label, sample_id in pickle_format.decode(data):
                 yield self.transform(image), label, sample_id
-
-
-def before_epoch(ctx: LoaderContext) -> dict[str, float]:
-    return ensure_loader_shards(ctx, SHARD_FORMAT)
-
-
-def data_files(ctx: LoaderContext) -> list[str]:
-    return shard_files(ctx)
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:

@@ -23,7 +23,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from facebench.config import LoaderConfig
 from facebench.data.batch_transforms import crop_batch, crop_offsets, normalize_batch
 from facebench.loaders.base import Batch, LoaderContext, data_loader, finish_on_device
-from facebench.loaders.shardsets import ensure_loader_shards, shard_files, trusted_manifest
+from facebench.loaders.shardsets import trusted_manifest
 from facebench.shards import raw_format
 from facebench.shards.manifest import read_index
 
@@ -96,14 +96,6 @@ class RawBatches(IterableDataset):
             out[np.flatnonzero(mask)[order]] = images[local[order]]
             del images
         return out
-
-
-def before_epoch(ctx: LoaderContext) -> dict[str, float]:
-    return ensure_loader_shards(ctx, SHARD_FORMAT)
-
-
-def data_files(ctx: LoaderContext) -> list[str]:
-    return shard_files(ctx)
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:

@@ -34,13 +34,14 @@ def ensure_loader_shards(ctx: LoaderContext, shard_format: str) -> dict[str, flo
             )
         log.info("verified %d shards against their manifest", len(shard_set.manifest.shards))
     n_shards = len(shard_set.manifest.shards)
-    if ctx.n_workers > n_shards and shard_format != "raw":
+    readers = max(ctx.n_workers, 1) * ctx.world.world_size  # every rank's workers
+    if readers > n_shards and shard_format != "raw":
         log.warning(
-            "%d shards for %d workers: %d workers will have no shard to read; "
+            "%d shards for %d workers (all ranks): %d will have no shard to read; "
             "a smaller shard_size spreads the work",
             n_shards,
-            ctx.n_workers,
-            ctx.n_workers - n_shards,
+            readers,
+            readers - n_shards,
         )
     return {"prepare_s": shard_set.seconds} if shard_set.built else {}
 

@@ -42,7 +42,9 @@ def build(ctx: LoaderContext) -> SameBatch:
     labels = torch.randint(
         0, ctx.labels.n_classes, (ctx.batch_size,), generator=generator, device=ctx.device
     )
-    return SameBatch(images, labels, len(ctx.records) // ctx.batch_size)
+    # Each rank trains on its share, as with real loaders: the job's epoch is the data's.
+    per_rank = len(ctx.records) // (ctx.batch_size * ctx.world.world_size)
+    return SameBatch(images, labels, per_rank)
 
 
 def data_files(ctx: LoaderContext) -> list[str]:

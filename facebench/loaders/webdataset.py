@@ -30,8 +30,15 @@ from facebench.data.images import decode_sample
 from facebench.data.sources import CELEBA, DIGIFACE
 from facebench.data.transforms import RESIZE
 from facebench.errors import ConfigError, ShardError
-from facebench.loaders.base import Batch, LoaderContext, data_loader, finish_on_device
-from facebench.loaders.shardsets import ensure_loader_shards, shard_files, trusted_manifest
+from facebench.loaders.base import (
+    Batch,
+    LoaderContext,
+    batch_rng,
+    data_loader,
+    finish_on_device,
+    uint8_batch,
+)
+from facebench.loaders.shardsets import ensure_loader_shards, trusted_manifest
 from facebench.shards.manifest import ShardEntry, read_index
 
 log = logging.getLogger(__name__)
@@ -109,7 +116,10 @@ class Decode:
 class Collate:
     """A list of decoded samples -> one batch, cropped and normalized where that belongs."""
 
-    def __init__(self, decoder: str, crop: str, normalize: bool, keep_jpeg: bool) -> None:
+    def __init__(
+        self, decoder: str, crop: str, normalize: bool, keep_jpeg: bool, epoch_seed: int
+    ) -> None:
+        self.epoch_seed = epoch_seed
         self.decoder = decoder
         self.crop = crop
         self.normalize = normalize
@@ -120,14 +130,12 @@ class Collate:
         ids = torch.tensor([sample_id for _, _, sample_id in samples])
         if self.decoder == "pil":
             return torch.stack([image for image, _, _ in samples]), labels, ids
-        rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,)).item()))
-        offsets = torch.from_numpy(crop_offsets(len(samples), self.crop, rng))
         if self.keep_jpeg:
+            rng = batch_rng(self.epoch_seed, ids)
+            offsets = torch.from_numpy(crop_offsets(len(samples), self.crop, rng))
             return (*_pack_jpegs(samples), labels, ids, offsets)
         images = torch.stack([image for image, _, _ in samples])
-        if self.normalize:
-            return normalize_batch(crop_batch(images, offsets)), labels, ids
-        return images, labels, ids, offsets
+        return uint8_batch(images, labels, ids, self.crop, self.normalize, self.epoch_seed)
 
 
 def _pack_jpegs(samples: list[tuple]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -174,10 +182,6 @@ def before_epoch(ctx: LoaderContext) -> dict[str, float]:
     return ensure_loader_shards(ctx, SHARD_FORMAT)
 
 
-def data_files(ctx: LoaderContext) -> list[str]:
-    return shard_files(ctx)
-
-
 def build(ctx: LoaderContext) -> Iterable[Batch]:
     options: Options = ctx.options
     manifest = trusted_manifest(ctx)
@@ -197,7 +201,9 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
         wds.map(Decode(options.decoder, ctx.transform, keep_jpeg, ctx.shards_dir, manifest.shards)),
         wds.batched(
             ctx.batch_size,
-            collation_fn=Collate(options.decoder, options.crop, not on_gpu, keep_jpeg),
+            collation_fn=Collate(
+                options.decoder, options.crop, not on_gpu, keep_jpeg, seed + ctx.world.rank
+            ),
             partial=False,
         ),
     )

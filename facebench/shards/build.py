@@ -15,13 +15,16 @@ still has the recorded size; anything else is rewritten.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -35,7 +38,7 @@ from facebench.data.check import source_fingerprint, usable_records
 from facebench.data.images import CELEBA_BOX
 from facebench.data.roots import check_writable, data_root, shards_root
 from facebench.data.sources import Record, read_records
-from facebench.errors import ConfigError
+from facebench.errors import ConfigError, ShardError
 from facebench.paths import cache_dir
 from facebench.progress import progress
 from facebench.shards import pickle_format, raw_format, tar_format
@@ -45,6 +48,7 @@ from facebench.shards.manifest import (
     OutdatedManifest,
     ShardEntry,
     encode_index,
+    read_verified,
 )
 from facebench.tracking import write_results
 
@@ -89,6 +93,20 @@ def settings_for(
     }
 
 
+@contextmanager
+def _building(folder: Path) -> Iterator[None]:
+    """One builder per shard folder at a time (sweep jobs, prepare.py beside train.py, ranks):
+    the others wait here, then find the set up to date."""
+    check_writable(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "a") as lock:  # "a": taking the lock changes nothing
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def ensure_shards(
     root: Path,
     folder: Path,
@@ -100,6 +118,22 @@ def ensure_shards(
     cache: Path | None = None,
 ) -> ShardSet:
     """The shard set for the data at root, built into folder unless an up-to-date one is there."""
+    with _building(folder):
+        return _ensure_shards(
+            root, folder, shard_format, seed, shard_size, n_procs, on_bad_sample, cache
+        )
+
+
+def _ensure_shards(
+    root: Path,
+    folder: Path,
+    shard_format: str,
+    seed: int,
+    shard_size: int,
+    n_procs: int,
+    on_bad_sample: str,
+    cache: Path | None,
+) -> ShardSet:
     started = time.perf_counter()
     format_module(shard_format)
     all_records, labels = read_records(root)
@@ -195,13 +229,13 @@ def _start_or_resume(folder: Path, plan: dict[str, Any]) -> dict[str, ShardEntry
                 entry = ShardEntry(**json.loads(record.read_text(encoding="utf-8")))
             except (OSError, ValueError, TypeError):
                 continue
-            shard = folder / entry.name
-            if (
-                shard.is_file()
-                and shard.stat().st_size == entry.bytes
-                and (folder / entry.index_name).is_file()
-            ):
-                done[entry.name] = entry
+            # Re-hashed: a crash can leave a file of the right size that never got its bytes.
+            try:
+                read_verified(folder / entry.name, entry.sha256)
+                read_verified(folder / entry.index_name, entry.index_sha256)
+            except (ShardError, OSError):
+                continue
+            done[entry.name] = entry
         if done:
             log.info("%s: resuming an interrupted build; %d shards already done", folder, len(done))
         return done
@@ -221,9 +255,12 @@ def _write_all(tasks: list, n_procs: int):
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
+    """Write, flush to disk, then rename: after a crash the name holds all of it or nothing."""
     staging = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(staging, "wb") as file:
         file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
     os.replace(staging, path)
 
 

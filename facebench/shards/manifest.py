@@ -57,7 +57,10 @@ class Manifest:
         """Write atomically: a reader sees the old manifest, no manifest, or this one whole."""
         text = json.dumps(asdict(self), indent=2) + "\n"
         staging = folder / f".{MANIFEST}.tmp-{os.getpid()}"
-        staging.write_text(text, encoding="utf-8")
+        with open(staging, "w", encoding="utf-8") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
         os.replace(staging, folder / MANIFEST)
 
     @classmethod
