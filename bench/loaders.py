@@ -144,8 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     text = (
         f"### Loaders, model={args.model}, {args.n_images:,} synthetic images, "
         f"batch {args.batch_size}\n\n"
-        f"{stamp()}; {machine()}. `python bench/loaders.py {command}`".rstrip()
-        + "`; "
+        f"{stamp()}; {machine()}. `{f'python bench/loaders.py {command}'.rstrip()}`; "
         f"medians of {args.repeat} epochs per row (memory and CPU of the last).\n\n"
         + table(header, rows)
     )

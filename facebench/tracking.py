@@ -7,6 +7,7 @@ would give every Hydra job its own database); MLFLOW_TRACKING_URI overrides it. 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -90,17 +91,18 @@ class Tracker:
 
         uri = tracking_uri()
         try:
-            mlflow.set_tracking_uri(uri)
-            experiment_id = _experiment_id(mlflow, uri)
-            if system_metrics:
-                mlflow.set_system_metrics_sampling_interval(SYSTEM_METRICS_INTERVAL_S)
-                mlflow.set_system_metrics_samples_before_logging(1)
-            active = mlflow.start_run(
-                experiment_id=experiment_id,
-                run_name=name,
-                tags=dict(tags),
-                log_system_metrics=system_metrics,
-            )
+            with _store_lock(uri):
+                mlflow.set_tracking_uri(uri)
+                experiment_id = _experiment_id(mlflow, uri)
+                if system_metrics:
+                    mlflow.set_system_metrics_sampling_interval(SYSTEM_METRICS_INTERVAL_S)
+                    mlflow.set_system_metrics_samples_before_logging(1)
+                active = mlflow.start_run(
+                    experiment_id=experiment_id,
+                    run_name=name,
+                    tags=dict(tags),
+                    log_system_metrics=system_metrics,
+                )
         except Exception as error:  # MLflow raises many types for a bad store
             raise TrackingError(
                 f"MLflow store {uri} cannot be used: {error}. Check that it is writable, "
@@ -146,6 +148,28 @@ class Tracker:
         import mlflow
 
         mlflow.log_artifact(str(path))
+
+
+@contextmanager
+def _store_lock(uri: str) -> Iterator[None]:
+    """Jobs that start together (a launcher running a sweep in parallel) would each create a new
+    SQLite store's tables at once and trip over each other; one at a time, they do not."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    database = Path(uri.removeprefix("sqlite:///"))
+    try:
+        database.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(database.with_name(database.name + ".lock"), "a")  # noqa: SIM115
+    except OSError:
+        yield  # an unusable folder: let MLflow report it
+        return
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _experiment_id(mlflow: Any, uri: str) -> str:

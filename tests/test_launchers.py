@@ -35,7 +35,7 @@ def test_slurm_launcher_composes_with_gpus_tasks_and_time_limit():
 
 def test_ray_launcher_composes():
     pytest.importorskip("hydra_plugins.hydra_ray_launcher")
-    cfg = _compose("hydra/launcher=ray", "hydra.launcher.ray.remote.num_gpus=1")
+    cfg = _compose("hydra/launcher=ray", "+hydra.launcher.ray.remote.num_gpus=1")
     assert cfg.hydra.launcher._target_.endswith("RayLauncher")
     assert cfg.hydra.launcher.ray.remote.num_gpus == 1
 
