@@ -135,13 +135,6 @@ class Tracker:
 
         mlflow.log_metrics(dict(metrics), step=step)
 
-    def set_tags(self, tags: Mapping[str, str]) -> None:
-        if not self.enabled:
-            return
-        import mlflow
-
-        mlflow.set_tags(dict(tags))
-
     def log_artifact(self, path: Path) -> None:
         if not self.enabled or not path.is_file():
             return

@@ -46,7 +46,6 @@ log = logging.getLogger(__name__)
 SHARD_FORMAT = "tar"
 # Each worker batches the shards it reads: up to one partial batch dropped per worker.
 BATCHES_PER_WORKER = True
-DECODERS = ("torchvision", "pil")
 
 
 @dataclass
@@ -173,8 +172,6 @@ def decode_jpegs_on_device(batches: Iterable, device: torch.device) -> Iterator[
 
 def before_epoch(ctx: LoaderContext) -> dict[str, float]:
     options: Options = ctx.options
-    if options.decoder not in DECODERS:
-        raise ConfigError(f"loader.decoder={options.decoder}: use one of {', '.join(DECODERS)}")
     if options.device_decode and options.decoder != "torchvision":
         raise ConfigError("loader.device_decode=true needs loader.decoder=torchvision")
     if options.device_decode and ctx.device.type != "cuda":

@@ -68,9 +68,6 @@ class ShardSet:
     seconds: float  # time spent checking and (re)building
     skipped: int = 0  # samples left out by on_bad_sample=skip
 
-    def paths(self) -> list[Path]:
-        return [self.folder / shard.name for shard in self.manifest.shards]
-
 
 def format_module(name: str) -> ModuleType:
     if name not in FORMATS:

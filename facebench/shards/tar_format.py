@@ -14,7 +14,6 @@ import tarfile
 from facebench.data.sources import CELEBA, Record
 
 SUFFIX = ".tar"
-EXTENSIONS = {"jpg", "png"}
 
 
 def _member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
