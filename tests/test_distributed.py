@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import mlflow
 import pytest
 
 from facebench.distributed import whole_job
@@ -35,7 +36,6 @@ def test_every_loader_splits_the_epoch_across_two_ranks(tmp_path, cache, isolate
             "n_workers=1",
             "model=resnet18",
             "device=cpu",
-            "tracking=false",
             f"hydra.sweep.dir={sweep}",
         ],
         capture_output=True,
@@ -57,6 +57,14 @@ def test_every_loader_splits_the_epoch_across_two_ranks(tmp_path, cache, isolate
         assert 120 - 2 * 7 <= metrics["samples_seen"] <= 120, loader
         assert metrics["world_size"] == 2
         assert metrics["data_wait_s_max"] >= metrics["data_wait_s"]
+    # Rank 0 alone records: one MLflow run per job, with the whole job's metrics.
+    mlflow.set_tracking_uri(isolated_env["MLFLOW_TRACKING_URI"])
+    runs = mlflow.search_runs(experiment_names=["facebench"], output_format="list")
+    assert sorted(r.data.params["loader"] for r in runs) == sorted(LOADERS)
+    for run in runs:
+        assert run.info.status == "FINISHED" and run.data.params["world_size"] == "2"
+        assert run.data.metrics["world_size"] == 2
+        assert run.data.metrics["samples_unique"] == run.data.metrics["samples_seen"]
 
 
 def test_whole_job_metrics_sum_counts_and_take_the_slowest_rank():
