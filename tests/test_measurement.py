@@ -82,9 +82,9 @@ def test_cold_evicts_and_warm_reads_in(synthetic_root):
     assert resident_fraction(files) == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize(("cache", "resident"), [("cold", 0.0), ("warm", 1.0)])
-def test_runs_record_the_cache_state_they_ran_in(make_cfg, cache, resident):
-    metrics = run_training(make_cfg(f"cache={cache}", "max_batches=1"))
+@pytest.mark.parametrize(("cache_mode", "resident"), [("cold", 0.0), ("warm", 1.0)])
+def test_runs_record_the_cache_state_they_ran_in(make_cfg, cache_mode, resident):
+    metrics = run_training(make_cfg(f"cache={cache_mode}", "max_batches=1"))
     assert metrics["cache_resident_frac"] == pytest.approx(resident, abs=0.05)
 
 
