@@ -101,12 +101,11 @@ def resident_fraction(paths: Iterable[str | Path]) -> float:
     return resident / pages if pages else 1.0
 
 
-def prepare_cache(mode: str, paths: list[str]) -> dict[str, float]:
-    """Put the run's files in the requested cache state; returns what was found and done."""
+def prepare_cache(mode: str, paths: list[str]) -> None:
+    """Put the run's files in the requested cache state."""
     if mode == "cold":
         evict(paths)
     elif mode == "warm":
         warm(paths)
     elif mode != "keep":
         raise ValueError(f"cache={mode}: use one of {', '.join(MODES)}")
-    return {}

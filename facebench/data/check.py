@@ -12,13 +12,13 @@ import hashlib
 import json
 import logging
 import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from facebench.data.images import BadImage, open_sample
 from facebench.data.sources import Record
 from facebench.errors import DataError, FacebenchError
+from facebench.parallel import map_in_processes
 from facebench.progress import progress
 
 log = logging.getLogger(__name__)
@@ -116,15 +116,9 @@ def _cached_problems(
     chunks = [records[i : i + _CHUNK] for i in range(0, len(records), _CHUNK)]
     problems: list[tuple[str, str]] = []
     log.info("checking that %d images decode (once; cached in %s)", len(records), path)
-    if n_procs <= 1 or len(chunks) == 1:
-        results = map(_decode_problems, chunks)
-        for found in progress(results, len(chunks), "checking images", "chunks", log):
-            problems += found
-    else:
-        with ProcessPoolExecutor(max_workers=n_procs) as pool:
-            results = pool.map(_decode_problems, chunks)
-            for found in progress(results, len(chunks), "checking images", "chunks", log):
-                problems += found
+    results = map_in_processes(_decode_problems, chunks, n_procs)
+    for found in progress(results, len(chunks), "checking images", "chunks", log):
+        problems += found
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_suffix(f".tmp-{os.getpid()}")
     relative = [(os.path.relpath(bad, root), reason) for bad, reason in problems]

@@ -12,7 +12,6 @@ import logging
 import math
 import os
 import shutil
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import numpy as np
 
 from facebench.data.sources import CELEBA, CELEBA_IMAGES, CELEBA_LABELS, DIGIFACE
 from facebench.data.synthetic_images import celeba_like_jpeg, digiface_like_png
+from facebench.parallel import map_in_processes
 from facebench.progress import progress
 
 log = logging.getLogger(__name__)
@@ -107,16 +107,10 @@ def _generate(staging: Path, plan: SyntheticPlan, n_procs: int) -> None:
         (DIGIFACE, str(staging), plan, start, min(start + _CHUNK, plan.n_digiface))
         for start in range(0, plan.n_digiface, _CHUNK)
     ]
-    if n_procs == 1 or len(tasks) == 1:
-        done = map(_write_chunk, tasks)
-        for _ in progress(done, plan.n_images, "generating", "images", log):
-            pass
-        return
-    with ProcessPoolExecutor(max_workers=n_procs) as pool:
-        written = pool.map(_write_chunk, tasks)
-        counted = (n for count in written for n in range(count))
-        for _ in progress(counted, plan.n_images, "generating", "images", log):
-            pass
+    written = map_in_processes(_write_chunk, tasks, n_procs)
+    counted = (n for count in written for n in range(count))  # progress in images, not chunks
+    for _ in progress(counted, plan.n_images, "generating", "images", log):
+        pass
 
 
 def _write_chunk(task: tuple[str, str, SyntheticPlan, int, int]) -> int:

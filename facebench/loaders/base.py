@@ -128,6 +128,11 @@ def batch_rng(epoch_seed: int, ids: torch.Tensor) -> np.random.Generator:
     return np.random.default_rng([epoch_seed, int(ids[0]) if len(ids) else 0, len(ids)])
 
 
+def batch_offsets(crop: str, epoch_seed: int, ids: torch.Tensor) -> torch.Tensor:
+    """(n, 2) crop offsets for the batch of these sample ids (see batch_rng)."""
+    return torch.from_numpy(crop_offsets(len(ids), crop, batch_rng(epoch_seed, ids)))
+
+
 def uint8_batch(
     images: torch.Tensor,
     labels: torch.Tensor,
@@ -138,7 +143,7 @@ def uint8_batch(
 ) -> tuple[torch.Tensor, ...]:
     """A (n, 112, 112, 3) uint8 batch, finished here (random crop and normalize, on the CPU) or
     left for finish_on_device with its crop offsets drawn now."""
-    offsets = torch.from_numpy(crop_offsets(len(images), crop, batch_rng(epoch_seed, ids)))
+    offsets = batch_offsets(crop, epoch_seed, ids)
     if normalize:
         return normalize_batch(crop_batch(images, offsets)), labels, ids
     return images, labels, ids, offsets

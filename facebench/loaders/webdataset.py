@@ -24,7 +24,7 @@ import torch
 import webdataset as wds
 
 from facebench.config import LoaderConfig
-from facebench.data.batch_transforms import crop_batch, crop_offsets, normalize_batch
+from facebench.data.batch_transforms import crop_batch, normalize_batch
 from facebench.data.fast_decode import decode_resized, resize_sample
 from facebench.data.images import decode_sample
 from facebench.data.sources import CELEBA, DIGIFACE
@@ -33,7 +33,7 @@ from facebench.errors import ConfigError, ShardError
 from facebench.loaders.base import (
     Batch,
     LoaderContext,
-    batch_rng,
+    batch_offsets,
     data_loader,
     finish_on_device,
     uint8_batch,
@@ -130,8 +130,7 @@ class Collate:
         if self.decoder == "pil":
             return torch.stack([image for image, _, _ in samples]), labels, ids
         if self.keep_jpeg:
-            rng = batch_rng(self.epoch_seed, ids)
-            offsets = torch.from_numpy(crop_offsets(len(samples), self.crop, rng))
+            offsets = batch_offsets(self.crop, self.epoch_seed, ids)
             return (*_pack_jpegs(samples), labels, ids, offsets)
         images = torch.stack([image for image, _, _ in samples])
         return uint8_batch(images, labels, ids, self.crop, self.normalize, self.epoch_seed)

@@ -23,7 +23,6 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +38,7 @@ from facebench.data.images import CELEBA_BOX
 from facebench.data.roots import check_writable, data_root, shards_root
 from facebench.data.sources import Record, read_records
 from facebench.errors import ConfigError, ShardError
+from facebench.parallel import map_in_processes
 from facebench.paths import cache_dir
 from facebench.progress import progress
 from facebench.shards import pickle_format, raw_format, tar_format
@@ -180,7 +180,8 @@ def _ensure_shards(
         len(tasks),
         max(1, min(n_procs, os.cpu_count() or 1, len(tasks))),
     )
-    for entry in progress(_write_all(tasks, n_procs), len(tasks), "writing shards", "shards", log):
+    written = map_in_processes(_write_shard, tasks, n_procs)
+    for entry in progress(written, len(tasks), "writing shards", "shards", log):
         done[entry.name] = entry
     manifest = Manifest(
         format=shard_format,
@@ -240,15 +241,6 @@ def _start_or_resume(folder: Path, plan: dict[str, Any]) -> dict[str, ShardEntry
     shutil.rmtree(folder / _DONE, ignore_errors=True)
     _write_atomic(plan_path, json.dumps(plan).encode())
     return {}
-
-
-def _write_all(tasks: list, n_procs: int):
-    n_procs = max(1, min(n_procs, os.cpu_count() or 1, len(tasks)))
-    if n_procs == 1:
-        yield from map(_write_shard, tasks)
-        return
-    with ProcessPoolExecutor(max_workers=n_procs) as pool:
-        yield from pool.map(_write_shard, tasks)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

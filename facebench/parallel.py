@@ -1,0 +1,22 @@
+"""Running a function over many items in worker processes, for the long preparation steps."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def map_in_processes(function: Callable[[T], R], items: Sequence[T], n_procs: int) -> Iterator[R]:
+    """function(item) for each item, in order: in this process when one process is enough
+    (no pool to start), otherwise in up to n_procs worker processes (never more than cores)."""
+    n_procs = max(1, min(n_procs, os.cpu_count() or 1, len(items)))
+    if n_procs == 1:
+        yield from map(function, items)
+        return
+    with ProcessPoolExecutor(max_workers=n_procs) as pool:
+        yield from pool.map(function, items)
