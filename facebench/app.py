@@ -63,9 +63,7 @@ def run_job(task: Callable[..., T], cfg: DictConfig) -> T:
     In a single run it exits with status 1. In a multirun it is re-raised, so Hydra marks this job
     failed and goes on with the others (and exits non-zero at the end).
     """
-    # SIGTERM (torchrun stopping the other ranks, SLURM's scancel or time limit) ends the job
-    # like Ctrl-C: runs are closed as KILLED and workers stopped, rather than left RUNNING.
-    signal.signal(signal.SIGTERM, _interrupt)
+    install_process_handlers()
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     output_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
@@ -84,5 +82,34 @@ def run_job(task: Callable[..., T], cfg: DictConfig) -> T:
         raise
 
 
+_job_pid = 0
+
+
+def install_process_handlers() -> None:
+    """How this process, and the workers it forks, end and report failures.
+
+    SIGTERM (torchrun stopping the other ranks, SLURM's scancel or time limit) ends the job like
+    Ctrl-C: runs are closed as KILLED and workers stopped, rather than left RUNNING. A worker whose
+    main process stopped listening (it failed, and says why in one line) goes without printing
+    the broken pipe's traceback.
+    """
+    global _job_pid
+    _job_pid = os.getpid()
+    signal.signal(signal.SIGTERM, _interrupt)
+    sys.excepthook = _quiet_broken_pipes_in_workers
+
+
+def _quiet_broken_pipes_in_workers(kind: type[BaseException], error: BaseException, tb) -> None:
+    # multiprocessing's resource sharer (how a worker hands a tensor's file descriptor over)
+    # reports a receiver that went away through sys.excepthook, as a full traceback.
+    if os.getpid() != _job_pid and issubclass(kind, (BrokenPipeError, ConnectionResetError)):
+        return
+    sys.__excepthook__(kind, error, tb)
+
+
 def _interrupt(signum: int, frame: object) -> None:
+    if os.getpid() != _job_pid:
+        # A forked worker inherits this handler; multiprocessing ends its daemonic workers
+        # with SIGTERM at exit, and a worker should then just go, without a traceback.
+        os._exit(128 + signum)
     raise KeyboardInterrupt(f"signal {signum}")

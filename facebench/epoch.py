@@ -7,6 +7,7 @@ the device and are read once, after the clock stops.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ import torch
 import torchvision
 
 from facebench.device import Precision
+from facebench.loader_failures import explain, quiet_sigchld, restore_sigchld
 from facebench.loaders.base import Batch
 from facebench.meter import EpochMeter, EpochTimes
 from facebench.order import batch_label_diversity, order_corr
@@ -110,11 +112,52 @@ def run_epoch(
     expected_images: int | None = None,
     description: str = "epoch",
     join: AbstractContextManager | None = None,
+    loader_name: str = "loader",
 ) -> EpochResult:
     """One timed epoch. `trainer=None` is loader-only mode: batches are only moved to the device.
 
     The clock starts before the loader is built, so worker start-up counts, as in the seed.
     """
+    # A dead worker can surface anywhere in the loop, even in its clean-up (torch's SIGCHLD
+    # handler raises wherever the main thread is): the whole epoch is inside the translation.
+    try:
+        return _timed_epoch(
+            build_loader,
+            trainer,
+            device,
+            max_batches,
+            sample_hz,
+            label_counts,
+            expected_images,
+            description,
+            join,
+        )
+    except (RuntimeError, OSError, EOFError) as error:
+        failure = explain(error, loader_name)
+        if failure is None:
+            raise
+        previous = quiet_sigchld()
+    # Past the except block the error and its traceback are gone, and with them the last
+    # references to the loader's iterator: its workers shut down now, while torch's SIGCHLD
+    # handler (which would raise again, from wherever the main thread is) stays quiet.
+    try:
+        gc.collect()
+    finally:
+        restore_sigchld(previous)
+    raise failure
+
+
+def _timed_epoch(
+    build_loader: Callable[[], Iterable[Batch]],
+    trainer: Trainer | None,
+    device: torch.device,
+    max_batches: int,
+    sample_hz: float,
+    label_counts: np.ndarray | None,
+    expected_images: int | None,
+    description: str,
+    join: AbstractContextManager | None,
+) -> EpochResult:
     meter = EpochMeter(device)
     sampler = ResourceSampler(device, sample_hz)
     sampler.prepare()  # NVML start-up, outside the clock
@@ -122,8 +165,8 @@ def run_epoch(
     batches = None
     first_loss: torch.Tensor | None = None
     last_loss: torch.Tensor | None = None
-    ids_seen: list[torch.Tensor] = []
-    labels_seen: list[torch.Tensor] = []
+    ids_seen: list[np.ndarray] = []
+    labels_seen: list[np.ndarray] = []
     resources: dict[str, float] = {}
     try:
         meter.start()
@@ -131,8 +174,8 @@ def run_epoch(
         # Building the loader (listing files, forking workers) is part of waiting for the first
         # batch: the first wait is counted from the start of the epoch.
         asked_at = meter.started_at
-        batches = iter(build_loader())
         with join or nullcontext():
+            batches = iter(build_loader())
             while True:
                 if meter.n_batches:
                     asked_at = meter.waiting()
@@ -142,8 +185,12 @@ def run_epoch(
                     break
                 meter.batch(asked_at, images.shape[0])
                 if ids is not None:
-                    ids_seen.append(ids)
-                    labels_seen.append(targets)
+                    # Copies, not the tensors: a tensor received from a worker process holds an
+                    # open file descriptor for as long as it lives (torch's default sharing
+                    # strategy), so keeping them for the epoch would exhaust a 1,024-descriptor
+                    # limit after about 1,000 batches.
+                    ids_seen.append(ids.numpy().copy())
+                    labels_seen.append(targets.numpy().copy())
                 if trainer is None:
                     images.to(device, non_blocking=True)
                     targets.to(device, non_blocking=True)
@@ -161,7 +208,7 @@ def run_epoch(
         bar.close()
         # Shut worker processes down now (the iterator's finalizer does it), not at exit.
         del batches
-    all_ids = torch.cat(ids_seen).numpy() if ids_seen else None
+    all_ids = np.concatenate(ids_seen) if ids_seen else None
     return EpochResult(
         times=times,
         resources=resources,
@@ -173,17 +220,16 @@ def run_epoch(
 
 
 def order_metrics(
-    ids: list[torch.Tensor], labels: list[torch.Tensor], label_counts: np.ndarray | None
+    ids: list[np.ndarray], labels: list[np.ndarray], label_counts: np.ndarray | None
 ) -> dict[str, float]:
     """Shuffle quality and repeats, from the sample ids the loader reported."""
     if not ids:
         return {}
-    all_ids = torch.cat(ids).numpy()
+    all_ids = np.concatenate(ids)
     metrics = {
         "order_corr": order_corr(all_ids),
         "samples_unique": float(len(np.unique(all_ids))),
     }
     if label_counts is not None:
-        per_batch = [batch.numpy() for batch in labels]
-        metrics["batch_label_diversity"] = batch_label_diversity(per_batch, label_counts)
+        metrics["batch_label_diversity"] = batch_label_diversity(labels, label_counts)
     return metrics

@@ -213,6 +213,7 @@ def _run(
             expected_images=expected,
             description=f"epoch {step + 1}/{n_measured}",
             join=join(trainer.model if trainer else None),
+            loader_name=cfg.loader.name,
         )
         epoch_metrics = {**result.metrics(), **cache_metrics}
         if world.distributed:

@@ -36,9 +36,6 @@ class BadImage(DataError):
         super().__init__(message, reason)
         self.reason = reason
 
-    def __str__(self) -> str:
-        return self.args[0]
-
 
 def bad_image(path: str, error: Exception) -> BadImage:
     reason = f"cannot decode this image ({type(error).__name__}: {error})"

@@ -13,8 +13,11 @@ into uint8 and normalizes whole batches; decoder=pil runs the seed's PIL transfo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.utils.data import RandomSampler
@@ -27,11 +30,14 @@ from torchdata.nodes import (
     Prefetcher,
     SamplerWrapper,
 )
+from torchdata.nodes.exception_wrapper import StartupExceptionWrapper
 
 from facebench.config import LoaderConfig
 from facebench.data.fast_decode import decode_resized
 from facebench.data.images import open_sample
 from facebench.data.sources import Record, celeba_records, digiface_records
+from facebench.errors import LoaderFailure
+from facebench.loader_failures import signal_name, too_many_open_files, worker_died
 from facebench.loaders.base import (
     Batch,
     LoaderContext,
@@ -41,6 +47,9 @@ from facebench.loaders.base import (
     uint8_batch,
     usable,
 )
+
+log = logging.getLogger(__name__)
+_WATCH_PERIOD_S = 0.2
 
 
 @dataclass
@@ -115,10 +124,91 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
         )
     else:
         node = Mapper(node, map_fn=load)
+    mapper = node
     if ctx.pin_memory:
         node = PinMemory(node)
     node = Prefetcher(node, prefetch_factor=ctx.options.prefetch_factor)
-    loader = Loader(node)
+    loader = Watched(Loader(node), mapper) if ctx.n_workers > 0 else Loader(node)
     if on_gpu and options.decoder == "torchvision":
         return finish_on_device(loader, ctx.device)
     return loader
+
+
+class Watched:
+    """A nodes Loader whose ParallelMapper is watched while it is iterated.
+
+    ParallelMapper waits forever for a batch from a worker process that died (the kernel's
+    out-of-memory killer, say), and for every batch once the thread that puts its workers' results
+    in order has died (it does when receiving a batch fails, e.g. with no file descriptor left).
+    A thread here checks both a few times a second and, on either, hands the loop a LoaderFailure
+    through the mapper's own output queue, so the run ends at once with one line instead of
+    hanging. It reads the mapper's private attributes (torchdata 0.11, pinned).
+    """
+
+    def __init__(self, loader: Loader, mapper: ParallelMapper, loader_name: str = "nodes") -> None:
+        self.loader = loader
+        self.mapper = mapper
+        self.loader_name = loader_name
+        self._thread_errors: dict[threading.Thread, BaseException] = {}
+
+    def __iter__(self) -> Iterator:
+        stop = threading.Event()
+        previous_hook = threading.excepthook
+
+        def hook(args: threading.ExceptHookArgs) -> None:
+            mapper = self._mapper_iter()
+            if mapper is not None and args.thread is getattr(mapper, "_sort_thread", None):
+                # Reported by the watch as one line, not as a thread's traceback.
+                self._thread_errors[args.thread] = args.exc_value
+                log.debug("torchdata.nodes thread failed: %r", args.exc_value)
+            else:
+                previous_hook(args)
+
+        watcher = threading.Thread(
+            target=self._watch, args=(stop,), name="facebench-nodes-watch", daemon=True
+        )
+        threading.excepthook = hook
+        try:
+            batches = iter(self.loader)
+            watcher.start()
+            yield from batches
+        finally:
+            stop.set()
+            if watcher.is_alive():
+                watcher.join()
+            threading.excepthook = previous_hook
+
+    def _mapper_iter(self) -> Any:
+        """The running _ParallelMapperIter (ParallelMapper -> _ParallelMapperImpl -> iter)."""
+        return getattr(getattr(self.mapper, "_it", None), "_it", None)
+
+    def _watch(self, stop: threading.Event) -> None:
+        while not stop.wait(_WATCH_PERIOD_S):
+            mapper = self._mapper_iter()
+            if mapper is None or mapper._stop.is_set():
+                continue
+            failure = self._failure(mapper)
+            if failure is not None:
+                try:
+                    raise failure
+                except LoaderFailure:
+                    wrapped = StartupExceptionWrapper(where="in facebench's watch of the workers")
+                mapper._out_q.put((wrapped, -1))
+                return
+
+    def _failure(self, mapper: Any) -> LoaderFailure | None:
+        for worker in mapper._workers:
+            code = getattr(worker, "exitcode", None)  # processes; threads end only when stopped
+            if code not in (None, 0):
+                return worker_died(self.loader_name, worker.pid, signal_name(code))
+        sort_thread = mapper._sort_thread
+        if mapper.in_order and sort_thread.ident is not None and not sort_thread.is_alive():
+            error = self._thread_errors.get(sort_thread)
+            text = repr(error)
+            if "ancdata" in text or "Too many open files" in text:
+                return too_many_open_files(self.loader_name)
+            return LoaderFailure(
+                f"loader={self.loader_name}: the thread that collects the workers' batches "
+                f"stopped ({text}); run with n_workers=0 to see the error in this process"
+            )
+        return None

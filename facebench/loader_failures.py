@@ -1,0 +1,99 @@
+"""When a loader's workers die or the channel that brings their batches breaks: one clear line.
+
+torch's DataLoader notices a dead worker itself, but says so in a traceback ("DataLoader worker
+(pid 1234) is killed by signal: Killed", "Too many open files. Communication with the workers is
+no longer possible"). `explain` turns those into a LoaderFailure that says what happened and what
+to do. Pipelines that do not watch their own workers (torchdata.nodes) are watched by
+`loaders.nodes`, which raises the same kind of error.
+"""
+
+from __future__ import annotations
+
+import errno
+import re
+import resource
+import signal
+import threading
+from typing import Any
+
+from facebench.errors import LoaderFailure
+
+_KILLED = re.compile(r"DataLoader worker \(pid (\d+)\) is killed by signal: (.+?)\.")
+_EXITED = re.compile(r"DataLoader worker \(pid\(?s?\)? ([\d, ]+)\) exited unexpectedly")
+
+
+def open_files_limit() -> int:
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def too_many_open_files(loader: str) -> LoaderFailure:
+    return LoaderFailure(
+        f"loader={loader}: ran out of open files (this process may hold {open_files_limit()} at "
+        "once; `ulimit -n` shows the limit). Raise it in this shell, e.g. `ulimit -n 65536`, "
+        "or use fewer n_workers"
+    )
+
+
+_OOM_HINT = (
+    "usually the kernel's out-of-memory killer (see `dmesg`): use fewer n_workers or a smaller "
+    "batch_size"
+)
+_UNKNOWN_HINT = (
+    "it may have been killed (the kernel's out-of-memory killer: see `dmesg`) or crashed; use "
+    "fewer n_workers, or run with n_workers=0 to see any error in this process"
+)
+
+
+def worker_died(loader: str, pid: int | str, how: str) -> LoaderFailure:
+    hint = _OOM_HINT if "SIGKILL" in how or "Killed" in how else _UNKNOWN_HINT
+    return LoaderFailure(f"loader={loader}: a worker process (pid {pid}) died: {how}; {hint}")
+
+
+def signal_name(code: int) -> str:
+    """A process exit code as Python reports it (-N for signal N) -> 'killed by SIGKILL'."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def explain(error: BaseException, loader: str) -> LoaderFailure | None:
+    """The one-line error for a known worker or channel failure; None for anything else."""
+    if isinstance(error, OSError) and error.errno == errno.EMFILE:
+        return too_many_open_files(loader)
+    if isinstance(error, (EOFError, ConnectionError)):
+        # The pipe from the workers closed mid-batch: the writing worker is gone.
+        return LoaderFailure(
+            f"loader={loader}: the connection to its worker processes broke "
+            f"({type(error).__name__}); a worker died: {_UNKNOWN_HINT}"
+        )
+    if not isinstance(error, RuntimeError):
+        return None
+    text = str(error)
+    if "Too many open files" in text:
+        return too_many_open_files(loader)
+    if killed := _KILLED.search(text):
+        return worker_died(loader, killed.group(1), f"killed by signal ({killed.group(2)})")
+    if exited := _EXITED.search(text):
+        return worker_died(loader, exited.group(1).strip(), "exited unexpectedly")
+    return None
+
+
+def quiet_sigchld() -> Any:
+    """Silence SIGCHLD while a failed loader's workers shut down; returns the handler to restore.
+
+    torch's DataLoader handler raises whenever one of its workers has died, also while its
+    iterator is being torn down after that very failure has been reported.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.getsignal(signal.SIGCHLD)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    return previous
+
+
+def restore_sigchld(previous: Any) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGCHLD, previous)

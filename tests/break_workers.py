@@ -1,0 +1,81 @@
+"""Break running loaders' workers, for tests: `python tests/break_workers.py MODE CACHE LOADER...`.
+
+MODE kill: SIGKILL one worker process after the first batch. MODE files: after the first batch,
+lower this process's open-file limit to what it holds now, so that receiving the next batch
+fails. For each loader, prints the one line the user would see and how long the epoch took to end.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import time
+
+import psutil
+import torch
+from hydra import compose, initialize_config_dir
+
+from facebench import loaders
+from facebench.app import configure, install_process_handlers, user_message
+from facebench.data.roots import data_root
+from facebench.data.sources import read_records
+from facebench.epoch import run_epoch
+from facebench.errors import FacebenchError
+from facebench.paths import PROJECT_ROOT
+from facebench.runner import before_epoch, loader_context
+
+
+def break_one(loader: str, mode: str, cache: str) -> None:
+    overrides = [
+        f"loader={loader}",
+        f"data.cache_dir={cache}",
+        "data.n_images=600",
+        "device=cpu",
+        "tracking=false",
+        "model=none",
+        "n_workers=2",
+        "batch_size=4",
+        "shard_size=50",
+    ]
+    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=overrides)
+    root = data_root(cfg.data)
+    records, labels = read_records(root)
+    module = loaders.get(loader)
+    ctx = loader_context(cfg, module, root, records, labels, torch.device("cpu"))
+    before_epoch(module, ctx)
+    me = psutil.Process()
+
+    def build():
+        batches = iter(module.build(ctx))
+        first = next(batches)
+        if mode == "kill":
+            # Forked workers share this process's command line; helpers such as
+            # multiprocessing's resource tracker do not.
+            workers = [c for c in me.children() if c.cmdline() == me.cmdline()]
+            workers[0].kill()
+        else:
+            held = len(os.listdir("/proc/self/fd"))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (held, limits[1]))
+        yield first
+        yield from batches
+
+    limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+    started = time.perf_counter()
+    try:
+        run_epoch(build, None, torch.device("cpu"), loader_name=loader)
+        print(f"{loader}: no error", flush=True)
+    except FacebenchError as error:
+        print(f"{type(error).__name__}: {user_message(error)}", flush=True)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+    print(f"{loader}: ended after {time.perf_counter() - started:.1f} s", flush=True)
+
+
+if __name__ == "__main__":
+    configure()
+    install_process_handlers()  # as train.py's jobs do
+    mode, cache, *names = sys.argv[1:]
+    for name in names:
+        break_one(name, mode, cache)
