@@ -1,11 +1,14 @@
 """A faster decode-and-transform with the seed's semantics: torchvision.io and uint8 tensors.
 
-JPEGs decode with torchvision.io (libjpeg-turbo, as PIL uses, without PIL's per-image overhead);
-PNGs decode with PIL, because torchvision 0.29's PNG decoder crashes the process on some damaged
-files (libpng's error jumps past its handler) where PIL raises an error. Then RGB -> CelebA crop ->
-Resize(112, 112) with antialiasing on a uint8 tensor -> the batch transforms (random crop,
-normalize) on the whole batch. Pixels match PIL's path to within a few grey levels (resampling
-rounds differently); DigiFace images are already 112x112 and are not resampled at all.
+Grey and colour (YCbCr) JPEGs decode with torchvision.io (libjpeg-turbo, as PIL uses, without
+PIL's per-image overhead). Everything else decodes with PIL, so that every image PIL accepts gives
+the same sample here: PNGs (torchvision 0.29's PNG decoder crashes the process on some damaged
+files, where PIL raises an error), CMYK and YCCK JPEGs (whose conversion to RGB differs between the
+two), any other format, and any JPEG torchvision refuses. Then RGB -> CelebA crop box (the part
+outside a small image black, as PIL's crop pads it) -> Resize(112, 112) with antialiasing on a
+uint8 tensor -> the batch transforms (random crop, normalize) on the whole batch. Pixels match
+PIL's path to within a few grey levels (resampling rounds differently); images already 112x112
+are not resampled at all.
 """
 
 from __future__ import annotations
@@ -30,31 +33,70 @@ warnings.filterwarnings(
 )
 
 
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# Start-of-frame markers (baseline, extended, progressive, lossless; Huffman or arithmetic).
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_STANDALONE_MARKERS = frozenset(range(0xD0, 0xDA)) | {0x01}  # RSTn, SOI, EOI, TEM: no length
+
+
+def jpeg_components(data: bytes) -> int | None:
+    """The number of colour components of a JPEG (1 grey, 3 YCbCr/RGB, 4 CMYK/YCCK), read from
+    its start-of-frame header; None if the bytes are not a JPEG with a readable header."""
+    if not data.startswith(b"\xff\xd8"):
+        return None
+    at = 2
+    while at + 4 <= len(data):
+        if data[at] != 0xFF:
+            return None
+        marker = data[at + 1]
+        if marker == 0xFF:  # fill byte
+            at += 1
+            continue
+        if marker in _STANDALONE_MARKERS:
+            at += 2
+            continue
+        length = int.from_bytes(data[at + 2 : at + 4], "big")
+        if marker in _SOF_MARKERS:
+            return data[at + 9] if at + 9 < len(data) else None
+        at += 2 + length
+    return None
 
 
 def decode_resized(data: bytes, source: str, name: str = "<bytes>") -> torch.Tensor:
-    """Encoded JPEG/PNG bytes -> (112, 112, 3) uint8, HWC, as the seed prepared it."""
+    """Encoded image bytes -> (112, 112, 3) uint8, HWC, as the seed prepared it."""
     if not data:
         raise bad_image(name, ValueError("empty file"))
-    if data[:8] == _PNG_SIGNATURE or not data.startswith(b"\xff\xd8"):
-        # PNGs, and anything that is not a JPEG, go through PIL (see the module docstring).
-        rgb = np.asarray(decode_sample(data, source, name))  # RGB, CelebA already cropped
-        image = torch.from_numpy(rgb.copy()).permute(2, 0, 1)
-        return resize_sample(image, source, cropped=True)
-    encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)  # a writable copy
-    try:
-        image = decode_image(encoded, mode=ImageReadMode.RGB)  # (3, H, W) uint8
-    except RuntimeError as error:
-        raise bad_image(name, error) from None
-    return resize_sample(image, source)
+    if jpeg_components(data) in (1, 3):
+        encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)  # a writable copy
+        try:
+            image = decode_image(encoded, mode=ImageReadMode.RGB)  # (3, H, W) uint8
+        except RuntimeError:
+            image = None  # PIL decides: it reads some files libjpeg-turbo's strict mode refuses
+        if image is not None:
+            return resize_sample(image, source)
+    # Anything else goes through PIL (see the module docstring).
+    rgb = np.asarray(decode_sample(data, source, name))  # RGB, CelebA already cropped
+    image = torch.from_numpy(rgb.copy()).permute(2, 0, 1)
+    return resize_sample(image, source, cropped=True)
+
+
+def crop_box(image: torch.Tensor, box: tuple[int, int, int, int]) -> torch.Tensor:
+    """(C, H, W) -> the (left, top, right, bottom) box, black where the box leaves the image,
+    as PIL's Image.crop pads it."""
+    left, top, right, bottom = box
+    height, width = image.shape[1:]
+    if left >= 0 and top >= 0 and right <= width and bottom <= height:
+        return image[:, top:bottom, left:right]
+    out = image.new_zeros((image.shape[0], bottom - top, right - left))
+    x0, y0, x1, y1 = max(left, 0), max(top, 0), min(right, width), min(bottom, height)
+    if x1 > x0 and y1 > y0:
+        out[:, y0 - top : y1 - top, x0 - left : x1 - left] = image[:, y0:y1, x0:x1]
+    return out
 
 
 def resize_sample(image: torch.Tensor, source: str, cropped: bool = False) -> torch.Tensor:
     """(3, H, W) uint8 RGB -> cropped if CelebA (unless already), 112x112, as (112, 112, 3)."""
     if source == CELEBA and not cropped:
-        left, top, right, bottom = CELEBA_BOX
-        image = image[:, top:bottom, left:right]
+        image = crop_box(image, CELEBA_BOX)
     if tuple(image.shape[1:]) != RESIZE:
         image = functional.resize(image, list(RESIZE), antialias=True)
     return image.permute(1, 2, 0).contiguous()

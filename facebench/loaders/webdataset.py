@@ -25,7 +25,7 @@ import webdataset as wds
 
 from facebench.config import LoaderConfig
 from facebench.data.batch_transforms import crop_batch, normalize_batch
-from facebench.data.fast_decode import decode_resized, resize_sample
+from facebench.data.fast_decode import decode_resized, jpeg_components, resize_sample
 from facebench.data.images import decode_sample
 from facebench.data.sources import CELEBA, DIGIFACE
 from facebench.data.transforms import RESIZE
@@ -103,7 +103,9 @@ class Decode:
             )
         source, data = (CELEBA, sample["jpg"]) if "jpg" in sample else (DIGIFACE, sample["png"])
         sample_id, label = self._verified(sample["__url__"], sample["__key__"], sample.get("cls"))
-        if self.keep_jpeg and source == CELEBA:
+        if self.keep_jpeg and source == CELEBA and jpeg_components(data) in (1, 3):
+            # Grey or colour JPEGs go to nvJPEG; CMYK ones and anything else decode here, as
+            # decode_resized does, so every loader gives the same pixels.
             return torch.frombuffer(bytearray(data), dtype=torch.uint8), label, sample_id
         source_path = sample.get("path", b"").decode(errors="replace")
         name = f"{source_path} (sample {sample['__key__']} of {sample.get('__url__')})"
