@@ -42,18 +42,20 @@ def runs(tmp_path: Path):
 
 
 def test_one_run_is_recorded_with_metrics_params_and_tags(tmp_path, cache, isolated_env):
-    result = train(tmp_path, cache, isolated_env, "model=resnet18", "max_batches=2", "n_workers=1")
+    result = train(
+        tmp_path, cache, isolated_env, "model=resnet18", "amp=off", "max_batches=2", "n_workers=1"
+    )
     assert result.returncode == 0, result.stderr
     [run] = runs(tmp_path)
     assert run.info.status == "FINISHED"
-    assert run.info.run_name == "dataset-w1-bs16-bf16-resnet18"
+    assert run.info.run_name == "dataset-w1-bs16-fp32-resnet18"
     metrics = run.data.metrics
     assert metrics["samples_seen"] == 32
     assert metrics["images_per_s"] == pytest.approx(32 / metrics["epoch_time_s"], rel=1e-6)
     assert metrics["loss_first"] > 0
     params = run.data.params
     assert params["loader"] == "dataset" and params["n_workers"] == "1"
-    assert params["batch_size"] == "16" and params["amp"] == "bf16"
+    assert params["batch_size"] == "16" and params["amp"] == "fp32"
     assert params["data.n_images"] == "120" and params["device_type"] == "cpu"
     tags = run.data.tags
     assert tags["torch_version"] and tags["git_commit"] and tags["device_name"]
@@ -127,6 +129,13 @@ def test_bad_config_fails_at_compose_time(make_cfg, override, error, says):
         ("loader=datapipe loader.shuffle_buffer=0", "loader.shuffle_buffer=0: must be at least 1"),
         ("loader=nodes loader.decoder=fast", "loader.decoder=fast: use one of torchvision, pil"),
         ("loader=nodes loader.method=fork", "loader.method=fork: use one of process, thread"),
+        ("seed=-1", "seed=-1: use a seed from 0 to 2"),
+        (f"seed={2**32}", f"seed={2**32}: use a seed from 0 to 2"),
+        ("data.seed=-3", "data.seed=-3: use a seed from 0 to 2"),
+        ("data.root=/data/faces", "data.root=/data/faces: data=synthetic generates its own"),
+        ("+unknown_key=1", "unknown_key: no such key"),
+        ("loader=raw +loader.shuffle_buffer=5", "loader.shuffle_buffer: no such key"),
+        ("+data.labels=x.csv", "data.labels: no such key"),
     ],
 )
 def test_bad_values_are_named(make_cfg, override, says):
