@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from facebench.paths import PROJECT_ROOT
-from facebench.tracking import EXPERIMENT, tracking_uri
+from facebench.tracking import EXPERIMENT, check_server, tracking_uri
 
 log = logging.getLogger("facebench.report")
 
@@ -200,6 +200,7 @@ def chart(grouped: dict[tuple, dict[int, dict[str, Cell]]], path: Path) -> None:
 def report(sweep: str | None, with_seed: bool, out: Path | None, log_artifacts: bool = True) -> str:
     import mlflow
 
+    check_server(tracking_uri())
     mlflow.set_tracking_uri(tracking_uri())
     runs = mlflow.search_runs(experiment_names=[EXPERIMENT], output_format="list")
     if not runs:

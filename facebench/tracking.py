@@ -12,6 +12,8 @@ import json
 import logging
 import os
 import subprocess
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,10 +27,33 @@ log = logging.getLogger(__name__)
 EXPERIMENT = "facebench"
 SYSTEM_METRICS_INTERVAL_S = 1
 _PARAM_LIMIT = 6000  # MLflow's longest param value
+_SERVER_TIMEOUT_S = 5
+# MLflow retries a server that does not answer for minutes, with backoff; after the one quick
+# check below, a few retries are enough.
+_HTTP_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
 
 
 def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{PROJECT_ROOT / 'mlflow.db'}"
+
+
+def check_server(uri: str) -> None:
+    """A tracking server must answer its health check within seconds, or the run stops now."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    for name, value in _HTTP_RETRIES.items():
+        os.environ.setdefault(name, value)
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=_SERVER_TIMEOUT_S):
+            return
+    except urllib.error.HTTPError:
+        return  # it answered; a server behind a proxy may not have /health
+    except (OSError, ValueError) as error:
+        reason = getattr(error, "reason", error)
+        raise TrackingError(
+            f"MLflow server {uri} does not answer ({reason}). Start it (mlflow server), fix "
+            "MLFLOW_TRACKING_URI, or run with tracking=false"
+        ) from None
 
 
 def artifact_root(uri: str) -> str | None:
@@ -90,6 +115,7 @@ class Tracker:
         import mlflow
 
         uri = tracking_uri()
+        check_server(uri)
         try:
             with _store_lock(uri):
                 mlflow.set_tracking_uri(uri)
