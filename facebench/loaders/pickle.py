@@ -22,8 +22,9 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 from facebench.config import LoaderConfig
+from facebench.loaders import base
 from facebench.loaders.base import Batch, LoaderContext, data_loader
-from facebench.loaders.shardsets import trusted_manifest
+from facebench.loaders.shardsets import ShardGuard, trusted_manifest
 from facebench.shards import pickle_format
 from facebench.shards.manifest import read_verified
 
@@ -38,17 +39,30 @@ class PickleShardLoader(IterDataPipe):
     """Verify, unpickle and transform each shard named by the source pipe."""
 
     def __init__(
-        self, source_datapipe: IterDataPipe, transform: Callable, sha256: dict[str, str]
+        self,
+        source_datapipe: IterDataPipe,
+        transform: Callable,
+        sha256: dict[str, str],
+        guard: ShardGuard,
     ) -> None:
         self.source_datapipe = source_datapipe
         self.transform = transform
         self.sha256 = sha256
+        self.guard = guard
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, int, int]]:
         for path in self.source_datapipe:
-            data = read_verified(Path(path), self.sha256[Path(path).name])
+            with self.guard.reading(path):
+                data = read_verified(Path(path), self.sha256[Path(path).name])
             for image, label, sample_id in pickle_format.decode(data):
                 yield self.transform(image), label, sample_id
+
+
+def worker_memory(ctx: LoaderContext) -> int:
+    """A worker holds a whole shard: its bytes, the images unpickled from them, and a copy."""
+    manifest = trusted_manifest(ctx)
+    largest = max((shard.bytes for shard in manifest.shards), default=0)
+    return base.worker_memory(ctx, held=3 * largest)
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:
@@ -56,5 +70,6 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
     sha256 = {shard.name: shard.sha256 for shard in manifest.shards}
     paths = [str(ctx.shards_dir / shard.name) for shard in manifest.shards]
     pipe = IterableWrapper(paths).shuffle().sharding_filter()
-    pipe = pipe.load_pickle_data(transform=ctx.transform, sha256=sha256)
+    guard = ShardGuard.of(ctx.shards_dir, manifest)
+    pipe = pipe.load_pickle_data(transform=ctx.transform, sha256=sha256, guard=guard)
     return data_loader(pipe, ctx, shuffle=True)

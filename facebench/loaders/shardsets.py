@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
 from facebench.errors import ShardError
 from facebench.loaders.base import LoaderContext
@@ -66,3 +70,49 @@ def trusted_manifest(ctx: LoaderContext) -> Manifest:
 def shard_files(ctx: LoaderContext) -> list[str]:
     manifest = Manifest.read(ctx.shards_dir)
     return [str(ctx.shards_dir / shard.name) for shard in manifest.shards] if manifest else []
+
+
+class ShardsChanged(ShardError):
+    """The shard set was rebuilt or removed while a run was reading it."""
+
+
+@dataclass(frozen=True)
+class ShardGuard:
+    """Tells a shard that is damaged from a shard set that changed during the run.
+
+    Built from the manifest the run started with; picklable, so workers carry it. When reading a
+    shard fails (gone, or not the bytes the manifest promised), a manifest that is no longer the
+    same means another process rebuilt the set: that is said in one line, not as a traceback.
+    """
+
+    folder: Path
+    digest: str
+
+    @classmethod
+    def of(cls, folder: Path, manifest: Manifest) -> ShardGuard:
+        return cls(folder, manifest.digest())
+
+    def changed(self) -> bool:
+        try:
+            current = Manifest.read(self.folder)
+        except ShardError:
+            return True
+        return current is None or current.digest() != self.digest
+
+    @contextmanager
+    def reading(self, path: str | Path) -> Iterator[None]:
+        try:
+            yield
+        except (OSError, ShardError) as error:
+            if self.changed():
+                raise ShardsChanged(
+                    f"{self.folder}: shards changed during the run ({Path(path).name} is gone or "
+                    "different): another prepare.py or train.py rebuilt them. Run again once it "
+                    "has finished; runs that build shards at once need a shards_dir each"
+                ) from None
+            if isinstance(error, OSError):
+                raise ShardError(
+                    f"{path}: cannot read this shard ({error.strerror or error}). Rebuild: "
+                    f"python prepare.py with the same settings"
+                ) from None
+            raise

@@ -29,7 +29,8 @@ from facebench.data.fast_decode import decode_resized, jpeg_components, resize_s
 from facebench.data.images import decode_sample
 from facebench.data.sources import CELEBA, DIGIFACE
 from facebench.data.transforms import RESIZE
-from facebench.errors import ConfigError, ShardError
+from facebench.errors import ConfigError, FacebenchError, ShardError
+from facebench.loaders import base
 from facebench.loaders.base import (
     Batch,
     LoaderContext,
@@ -38,7 +39,7 @@ from facebench.loaders.base import (
     finish_on_device,
     uint8_batch,
 )
-from facebench.loaders.shardsets import ensure_loader_shards, trusted_manifest
+from facebench.loaders.shardsets import ShardGuard, ensure_loader_shards, trusted_manifest
 from facebench.shards.manifest import ShardEntry, read_index
 
 log = logging.getLogger(__name__)
@@ -67,19 +68,27 @@ class Decode:
     """
 
     def __init__(
-        self, decoder: str, transform, keep_jpeg: bool, folder: Path, shards: list[ShardEntry]
+        self,
+        decoder: str,
+        transform,
+        keep_jpeg: bool,
+        folder: Path,
+        shards: list[ShardEntry],
+        guard: ShardGuard,
     ) -> None:
         self.decoder = decoder
         self.transform = transform
         self.keep_jpeg = keep_jpeg
         self.folder = folder
         self.shards = {shard.name: shard for shard in shards}
+        self.guard = guard
         self._labels: tuple[str, dict[int, int]] = ("", {})
 
     def _verified(self, url: str, key: str, label_text: bytes | None) -> tuple[int, int]:
         name = Path(url).name
         if self._labels[0] != name:  # one shard's index at a time
-            index = read_index(self.folder, self.shards[name])
+            with self.guard.reading(url):
+                index = read_index(self.folder, self.shards[name])
             self._labels = (
                 name,
                 dict(zip(index["id"].tolist(), index["label"].tolist(), strict=True)),
@@ -89,10 +98,11 @@ class Decode:
         except ValueError:
             sample_id, label = -1, -1
         if self._labels[1].get(sample_id) != label:
-            raise ShardError(
-                f"{url}: sample {key!r} has label {label_text!r}, which its verified index does "
-                "not confirm; the shard is damaged. Rebuild: python prepare.py format=tar"
-            )
+            with self.guard.reading(url):  # a rebuilt set says so; a damaged shard, this
+                raise ShardError(
+                    f"{url}: sample {key!r} has label {label_text!r}, which its verified index "
+                    "does not confirm; the shard is damaged. Rebuild: python prepare.py format=tar"
+                )
         return sample_id, label
 
     def __call__(self, sample: dict) -> tuple:
@@ -112,6 +122,25 @@ class Decode:
         if self.decoder == "pil":
             return self.transform(decode_sample(data, source, name)), label, sample_id
         return decode_resized(data, source, name), label, sample_id
+
+
+class ReadFailure:
+    """webdataset's handler for a tar it cannot open or read: a rebuilt shard set, or this shard
+    named in one line (the default handler re-raises with a traceback)."""
+
+    def __init__(self, guard: ShardGuard) -> None:
+        self.guard = guard
+
+    def __call__(self, error: Exception) -> bool:
+        if isinstance(error, FacebenchError):
+            raise error
+        # webdataset appends the shard's URL to the error's arguments.
+        url = next((a for a in reversed(error.args) if isinstance(a, str)), "a tar shard")
+        with self.guard.reading(url):
+            if isinstance(error, OSError):
+                raise error
+            raise ShardError(f"{url}: cannot read this tar shard ({error}); rebuild it") from None
+        return False
 
 
 class Collate:
@@ -171,6 +200,15 @@ def decode_jpegs_on_device(batches: Iterable, device: torch.device) -> Iterator[
         yield normalize_batch(crop_batch(images, offsets)), labels, ids
 
 
+_ENCODED_SAMPLE_BYTES = 32 * 2**10  # a sample waiting in the shuffle buffer, still encoded
+
+
+def worker_memory(ctx: LoaderContext) -> int:
+    finished = ctx.device.type != "cuda" or ctx.options.decoder == "pil"
+    held = ctx.options.shuffle_buffer * _ENCODED_SAMPLE_BYTES
+    return base.worker_memory(ctx, finished=finished, held=held)
+
+
 def before_epoch(ctx: LoaderContext) -> dict[str, float]:
     options: Options = ctx.options
     if options.device_decode and options.decoder != "torchvision":
@@ -188,15 +226,20 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
     # A new shard order each epoch, drawn in the main process so all workers agree on it before
     # split_by_worker hands each its share.
     seed = ctx.epoch_seed()  # the same on every rank: they agree on the order, then split it
+    guard = ShardGuard.of(ctx.shards_dir, manifest)
     urls = [str(ctx.shards_dir / shard.name) for shard in manifest.shards]
     urls = [urls[i] for i in np.random.default_rng(seed).permutation(len(urls))]
     pipeline = wds.DataPipeline(
         wds.SimpleShardList(urls),
         wds.split_by_node,
         wds.split_by_worker,
-        wds.tarfile_to_samples(),
+        wds.tarfile_to_samples(handler=ReadFailure(guard)),
         wds.shuffle(options.shuffle_buffer, seed=seed),
-        wds.map(Decode(options.decoder, ctx.transform, keep_jpeg, ctx.shards_dir, manifest.shards)),
+        wds.map(
+            Decode(
+                options.decoder, ctx.transform, keep_jpeg, ctx.shards_dir, manifest.shards, guard
+            )
+        ),
         wds.batched(
             ctx.batch_size,
             collation_fn=Collate(

@@ -5,13 +5,13 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from facebench.atomic import write_atomic
 from facebench.errors import ShardError
 
 MANIFEST = "manifest.json"
@@ -55,13 +55,7 @@ class Manifest:
 
     def write(self, folder: Path) -> None:
         """Write atomically: a reader sees the old manifest, no manifest, or this one whole."""
-        text = json.dumps(asdict(self), indent=2) + "\n"
-        staging = folder / f".{MANIFEST}.tmp-{os.getpid()}"
-        with open(staging, "w", encoding="utf-8") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(staging, folder / MANIFEST)
+        write_atomic(folder / MANIFEST, (json.dumps(asdict(self), indent=2) + "\n").encode())
 
     @classmethod
     def read(cls, folder: Path) -> Manifest | None:
@@ -83,6 +77,10 @@ class Manifest:
             raise ShardError(
                 f"{path}: not a facebench manifest ({error}); delete the folder and run prepare.py"
             ) from None
+
+    def digest(self) -> str:
+        """Identifies this very shard set: any rebuild changes it (shard hashes, prepare_s)."""
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
 
     def matches(self, source_fingerprint: str, settings: dict[str, Any]) -> bool:
         return (
