@@ -18,5 +18,10 @@ def map_in_processes(function: Callable[[T], R], items: Sequence[T], n_procs: in
     if n_procs == 1:
         yield from map(function, items)
         return
-    with ProcessPoolExecutor(max_workers=n_procs) as pool:
+    pool = ProcessPoolExecutor(max_workers=n_procs)
+    try:
         yield from pool.map(function, items)
+    finally:
+        # After an error (a full disk, say) or an early stop, the tasks not started yet are
+        # dropped rather than all run to their end.
+        pool.shutdown(wait=True, cancel_futures=True)

@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from facebench.atomic import write_atomic
 from facebench.data.images import BadImage, open_sample
 from facebench.data.sources import Record
 from facebench.errors import DataError, FacebenchError
@@ -120,8 +121,6 @@ def _cached_problems(
     for found in progress(results, len(chunks), "checking images", "chunks", log):
         problems += found
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_suffix(f".tmp-{os.getpid()}")
     relative = [(os.path.relpath(bad, root), reason) for bad, reason in problems]
-    staging.write_text(json.dumps(relative), encoding="utf-8")
-    os.replace(staging, path)
+    write_atomic(path, json.dumps(relative).encode())
     return problems

@@ -27,11 +27,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 from omegaconf import DictConfig
 
+from facebench.atomic import remove_staging, write_atomic
 from facebench.config import validate
 from facebench.data.check import source_fingerprint, usable_records
 from facebench.data.images import CELEBA_BOX
@@ -41,7 +42,7 @@ from facebench.errors import ConfigError, ShardError
 from facebench.parallel import map_in_processes
 from facebench.paths import cache_dir
 from facebench.progress import progress
-from facebench.shards import pickle_format, raw_format, tar_format
+from facebench.shards import pickle_format, raw_format, room, tar_format
 from facebench.shards.manifest import (
     MANIFEST,
     Manifest,
@@ -58,6 +59,8 @@ FORMATS: dict[str, ModuleType] = {"pickle": pickle_format, "raw": raw_format, "t
 _SHARD_PREFIX = "shard-"
 _PLAN = ".plan.json"
 _DONE = ".done"
+_LOCK = ".lock"
+_WAIT_LOG_S = 30  # how often a build that waits for another says so
 
 
 @dataclass(frozen=True)
@@ -93,15 +96,42 @@ def settings_for(
 @contextmanager
 def _building(folder: Path) -> Iterator[None]:
     """One builder per shard folder at a time (sweep jobs, prepare.py beside train.py, ranks):
-    the others wait here, then find the set up to date."""
+    the others wait here, saying so, then find the set up to date."""
     check_writable(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "a") as lock:  # "a": taking the lock changes nothing
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with open(folder / _LOCK, "a+") as lock:  # "a+": opening it changes nothing
         try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _wait_for(lock, folder)
+        try:
+            lock.truncate(0)
+            lock.write(f"{os.getpid()}\n")  # who builds, for anyone who waits
+            lock.flush()
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _wait_for(lock: IO[str], folder: Path) -> None:
+    lock.seek(0)
+    holder = lock.read().strip() or "another process"
+    waited = 0.0
+    while True:
+        if waited % _WAIT_LOG_S == 0:
+            log.info(
+                "waiting for %s building shards in %s to finish (%.0f s so far; lock file %s)",
+                f"process {holder}" if holder.isdigit() else holder,
+                folder,
+                waited,
+                folder / _LOCK,
+            )
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            time.sleep(1.0)
+            waited += 1.0
 
 
 def ensure_shards(
@@ -132,79 +162,135 @@ def _ensure_shards(
     cache: Path | None,
 ) -> ShardSet:
     started = time.perf_counter()
-    format_module(shard_format)
+    module = format_module(shard_format)
     all_records, labels = read_records(root)
     fingerprint = source_fingerprint(all_records, root)
     usable = usable_records(all_records, root, on_bad_sample, cache or cache_dir(), n_procs)
-    records = usable.records
     settings = settings_for(shard_format, seed, shard_size, sorted(usable.excluded))
-    try:
-        existing = Manifest.read(folder)
-    except OutdatedManifest as error:
-        log.info("%s; rebuilding", str(error).split(". Rebuild", 1)[0])
-        existing = None
-    if existing is not None and existing.matches(fingerprint, settings):
-        wrong = existing.missing_or_resized(folder)
-        if not wrong:
-            log.info(
-                "shards up to date in %s (%d shards, %d samples); nothing to do",
-                folder,
-                len(existing.shards),
-                existing.n_samples,
-            )
-            return ShardSet(
-                folder, existing, False, time.perf_counter() - started, len(usable.skipped)
-            )
-        log.warning("%s: %s missing or resized; rebuilding it", folder, ", ".join(wrong[:3]))
-    elif existing is not None:
-        log.info("%s: built from other source files or settings; rebuilding", folder)
-
-    order = np.random.default_rng(seed).permutation(len(records))
-    chunks = [order[start : start + shard_size] for start in range(0, len(records), shard_size)]
-    module = FORMATS[shard_format]
-    names = [f"{_SHARD_PREFIX}{index:05d}{module.SUFFIX}" for index in range(len(chunks))]
-    plan = {"fingerprint": fingerprint, "settings": settings, "shards": names}
-    done = _start_or_resume(folder, plan)
-    tasks = [
-        (shard_format, str(folder), name, [(int(i), records[i]) for i in chunk])
-        for name, chunk in zip(names, chunks, strict=True)
-        if name not in done
-    ]
-    log.info(
-        "writing %d samples into %d %s shards of up to %d in %s (%d to write, %d processes)",
-        len(records),
-        len(names),
-        shard_format,
-        shard_size,
-        folder,
-        len(tasks),
-        max(1, min(n_procs, os.cpu_count() or 1, len(tasks))),
-    )
-    written = map_in_processes(_write_shard, tasks, n_procs)
-    for entry in progress(written, len(tasks), "writing shards", "shards", log):
-        done[entry.name] = entry
+    existing = _up_to_date(folder, fingerprint, settings)
+    if existing is not None:
+        return ShardSet(folder, existing, False, time.perf_counter() - started, len(usable.skipped))
+    plan = _plan(usable.records, seed, shard_size, module, fingerprint, settings)
+    needed = _needed_bytes(folder, module, plan, usable.records)
+    room.check_room(folder, needed, room.bytes_in(folder, _SHARD_PREFIX))
+    done = _start_or_resume(folder, plan.as_json())
+    _write_missing(folder, shard_format, plan, done, usable.records, n_procs, needed)
     manifest = Manifest(
         format=shard_format,
         source_fingerprint=fingerprint,
         settings=settings,
-        n_samples=len(records),
+        n_samples=len(usable.records),
         n_classes=labels.n_classes,
-        shards=[done[name] for name in names],
+        shards=[done[name] for name in plan.names],
         prepare_s=time.perf_counter() - started,
     )
     manifest.write(folder)
     (folder / _PLAN).unlink(missing_ok=True)
     shutil.rmtree(folder / _DONE, ignore_errors=True)
-    total_gb = sum(entry.bytes for entry in manifest.shards) / 1e9
     log.info(
-        "wrote %d shards (%d samples, %.2f GB) to %s in %.1f s",
-        len(names),
-        len(records),
-        total_gb,
+        "wrote %d shards (%d samples, %s) to %s in %.1f s",
+        len(plan.names),
+        manifest.n_samples,
+        room.gb(sum(entry.bytes for entry in manifest.shards)),
         folder,
         manifest.prepare_s,
     )
     return ShardSet(folder, manifest, True, manifest.prepare_s, len(usable.skipped))
+
+
+def _up_to_date(folder: Path, fingerprint: str, settings: dict[str, Any]) -> Manifest | None:
+    """The folder's manifest if it describes these sources and settings and is complete."""
+    try:
+        existing = Manifest.read(folder)
+    except OutdatedManifest as error:
+        log.info("%s; rebuilding", str(error).split(". Rebuild", 1)[0])
+        return None
+    if existing is None:
+        return None
+    if not existing.matches(fingerprint, settings):
+        log.info("%s: built from other source files or settings; rebuilding", folder)
+        return None
+    wrong = existing.missing_or_resized(folder)
+    if wrong:
+        log.warning("%s: %s missing or resized; rebuilding it", folder, ", ".join(wrong[:3]))
+        return None
+    log.info(
+        "shards up to date in %s (%d shards, %d samples); nothing to do",
+        folder,
+        len(existing.shards),
+        existing.n_samples,
+    )
+    return existing
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Which samples go to which shard: one shuffle of all samples, cut into shard_size."""
+
+    fingerprint: str
+    settings: dict[str, Any]
+    names: list[str]
+    chunks: list[np.ndarray]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"fingerprint": self.fingerprint, "settings": self.settings, "shards": self.names}
+
+
+def _plan(
+    records: list[Record],
+    seed: int,
+    shard_size: int,
+    module: ModuleType,
+    fingerprint: str,
+    settings: dict[str, Any],
+) -> _Plan:
+    order = np.random.default_rng(seed).permutation(len(records))
+    chunks = [order[start : start + shard_size] for start in range(0, len(records), shard_size)]
+    names = [f"{_SHARD_PREFIX}{index:05d}{module.SUFFIX}" for index in range(len(chunks))]
+    return _Plan(fingerprint, settings, names, chunks)
+
+
+def _needed_bytes(folder: Path, module: ModuleType, plan: _Plan, records: list[Record]) -> int:
+    sizes = [len(chunk) for chunk in plan.chunks]
+    shard_bytes = module.estimate_bytes(sizes, records)
+    return room.set_bytes(shard_bytes, len(records), room.block_size(folder))
+
+
+def _write_missing(
+    folder: Path,
+    shard_format: str,
+    plan: _Plan,
+    done: dict[str, ShardEntry],
+    records: list[Record],
+    n_procs: int,
+    needed: int,
+) -> None:
+    """Write the shards not done yet (in processes), adding each to `done` as it is finished."""
+    tasks = [
+        (shard_format, str(folder), name, [(int(i), records[i]) for i in chunk])
+        for name, chunk in zip(plan.names, plan.chunks, strict=True)
+        if name not in done
+    ]
+    log.info(
+        "writing %d samples into %d %s shards in %s (%d to write, %d processes)",
+        len(records),
+        len(plan.names),
+        shard_format,
+        folder,
+        len(tasks),
+        max(1, min(n_procs, os.cpu_count() or 1, len(tasks))),
+    )
+    written = map_in_processes(_write_shard, tasks, n_procs)
+    try:
+        for entry in progress(written, len(tasks), "writing shards", "shards", log):
+            done[entry.name] = entry
+    except OSError as error:
+        if error.errno not in room.DISK_FULL:
+            raise
+        # Other writers may have been stopped half way: nothing of theirs stays to fill the disk.
+        remove_staging(folder)
+        remove_staging(folder / _DONE)
+        raise room.disk_full(folder, needed, len(done), len(plan.names)) from None
 
 
 def _start_or_resume(folder: Path, plan: dict[str, Any]) -> dict[str, ShardEntry]:
@@ -219,38 +305,33 @@ def _start_or_resume(folder: Path, plan: dict[str, Any]) -> dict[str, ShardEntry
     except (OSError, ValueError):
         previous = None
     if previous == plan:
-        for stale in folder.glob(f".{_SHARD_PREFIX}*.tmp-*"):  # from writers that were killed
-            stale.unlink(missing_ok=True)
-        done = {}
-        for record in (folder / _DONE).glob("*.json"):
-            try:
-                entry = ShardEntry(**json.loads(record.read_text(encoding="utf-8")))
-            except (OSError, ValueError, TypeError):
-                continue
-            # Re-hashed: a crash can leave a file of the right size that never got its bytes.
-            try:
-                read_verified(folder / entry.name, entry.sha256)
-                read_verified(folder / entry.index_name, entry.index_sha256)
-            except (ShardError, OSError):
-                continue
-            done[entry.name] = entry
+        remove_staging(folder)  # from writers that were killed
+        done = _finished_shards(folder)
         if done:
             log.info("%s: resuming an interrupted build; %d shards already done", folder, len(done))
         return done
     _remove_shards(folder)
     shutil.rmtree(folder / _DONE, ignore_errors=True)
-    _write_atomic(plan_path, json.dumps(plan).encode())
+    write_atomic(plan_path, json.dumps(plan).encode())
     return {}
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write, flush to disk, then rename: after a crash the name holds all of it or nothing."""
-    staging = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(staging, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(staging, path)
+def _finished_shards(folder: Path) -> dict[str, ShardEntry]:
+    """The shards an interrupted build recorded as finished, whose bytes still match."""
+    done = {}
+    for record in (folder / _DONE).glob("*.json"):
+        try:
+            entry = ShardEntry(**json.loads(record.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError):
+            continue
+        # Re-hashed: a crash can leave a file of the right size that never got its bytes.
+        try:
+            read_verified(folder / entry.name, entry.sha256)
+            read_verified(folder / entry.index_name, entry.index_sha256)
+        except (ShardError, OSError):
+            continue
+        done[entry.name] = entry
+    return done
 
 
 def _write_shard(task: tuple[str, str, str, list[tuple[int, Record]]]) -> ShardEntry:
@@ -264,11 +345,11 @@ def _write_shard(task: tuple[str, str, str, list[tuple[int, Record]]]) -> ShardE
         sha256=hashlib.sha256(data).hexdigest(),
         index_sha256=hashlib.sha256(index).hexdigest(),
     )
-    _write_atomic(Path(folder) / entry.index_name, index)
-    _write_atomic(Path(folder) / name, data)
+    write_atomic(Path(folder) / entry.index_name, index)
+    write_atomic(Path(folder) / name, data)
     done = Path(folder) / _DONE
     done.mkdir(exist_ok=True)
-    _write_atomic(done / f"{name}.json", entry.to_json().encode())
+    write_atomic(done / f"{name}.json", entry.to_json().encode())
     return entry
 
 

@@ -17,14 +17,23 @@ from PIL import Image
 
 from facebench.data.images import open_sample
 from facebench.data.sources import Record
+from facebench.shards import room
 
 SUFFIX = ".pickle"
+_FRAMING_BYTES = 160  # a pickled PIL image's mode, size and class, the label and the id
 
 
 def encode(samples: list[tuple[int, Record]]) -> bytes:
     """(sample id, record) pairs -> the pickled shard."""
     decoded = [(open_sample(r.path, r.source), r.label, i) for i, r in samples]
     return pickle.dumps(decoded, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def estimate_bytes(sizes: list[int], records: list[Record]) -> list[float]:
+    """Each shard's bytes, for shards of these sample counts: decoded pixels, from a sample of
+    the images, and pickle's framing of each (image, label, id)."""
+    per_sample = room.mean_decoded_bytes(records) + _FRAMING_BYTES
+    return [size * per_sample for size in sizes]
 
 
 def decode(data: bytes) -> Iterator[tuple[Image.Image, int, int]]:

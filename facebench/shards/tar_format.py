@@ -12,8 +12,10 @@ import io
 import tarfile
 
 from facebench.data.sources import CELEBA, Record
+from facebench.shards import room
 
 SUFFIX = ".tar"
+_BLOCK = tarfile.BLOCKSIZE
 
 
 def _member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -21,6 +23,13 @@ def _member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info.size = len(data)
     info.mode = 0o444
     tar.addfile(info, io.BytesIO(data))
+
+
+def estimate_bytes(sizes: list[int], records: list[Record]) -> list[float]:
+    """Each shard's bytes, for shards of these sample counts: the source files (from a sample
+    of them) in 512-byte tar blocks, three members' headers, label and path, and the end mark."""
+    per_sample = room.mean_file_bytes(records) + _BLOCK / 2 + 5 * _BLOCK
+    return [size * per_sample + tarfile.RECORDSIZE for size in sizes]
 
 
 def encode(samples: list[tuple[int, Record]]) -> bytes:
