@@ -7,13 +7,18 @@ Values that a type cannot express (`batch_size=0`) are checked by `validate`.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import re
 from dataclasses import dataclass
 
 from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from facebench.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -91,6 +96,8 @@ class TrainConfig(CommonConfig):
     verify_shards: bool = False
     # Record the run in MLflow; false runs with no tracking at all.
     tracking: bool = True
+    # Refuse n_workers whose estimated memory exceeds what is available; false starts them anyway.
+    resource_check: bool = True
     lr: float = 0.1
     momentum: float = 0.9
     weight_decay: float = 1e-4
@@ -120,9 +127,37 @@ def register_configs() -> None:
     cs.store(group="amp", name="amp_schema", node=AmpConfig)
 
 
+SEED_RANGE = (0, 2**32 - 1)  # what numpy and torch accept as a seed
+
+
+def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
+    """Keys that no schema declares (Hydra's `+key=value` adds them without a check)."""
+    schema = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(schema):
+        return []
+    declared = {field.name for field in dataclasses.fields(schema)}
+    found = []
+    for key in node:
+        if key not in declared:
+            found.append(f"{prefix}{key}")
+        elif isinstance(node[key], DictConfig):
+            found += unknown_keys(node[key], f"{prefix}{key}.")
+    return found
+
+
+def _chosen_on_command_line(override: str) -> bool:
+    """Whether this job's command line (or sweep) asked for `override` itself."""
+    if not HydraConfig.initialized():
+        return False
+    return override in (item.replace(" ", "") for item in HydraConfig.get().overrides.task)
+
+
 def validate(cfg: DictConfig) -> None:
     """Check the values a type cannot: one clear line per mistake, naming the key."""
-    problems: list[str] = []
+    problems: list[str] = [
+        f"{key}: no such key (check its spelling; `python train.py --cfg job` lists them all)"
+        for key in unknown_keys(cfg)
+    ]
 
     def positive(key: str) -> None:
         value = OmegaConf.select(cfg, key)
@@ -135,6 +170,10 @@ def validate(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key)
         if value is not None and value < 0:
             problems.append(f"{key}={value}: must be 0 or more")
+    for key in ("seed", "data.seed"):
+        value = OmegaConf.select(cfg, key)
+        if value is not None and not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
+            problems.append(f"{key}={value}: use a seed from 0 to 2**32 - 1")
     device = OmegaConf.select(cfg, "device")
     if device is not None and not _DEVICE.match(device):
         problems.append(f"device={device}: use auto, cpu, cuda or cuda:N")
@@ -164,6 +203,14 @@ def validate(cfg: DictConfig) -> None:
     data = cfg.data
     if data.name == "synthetic" and data.n_images < 1:
         problems.append(f"data.n_images={data.n_images}: the synthetic set needs at least 1 image")
+    if data.name == "synthetic" and data.root:
+        ignored = (
+            f"data.root={data.root}: data=synthetic generates its own images and would ignore it"
+        )
+        if _chosen_on_command_line("data=synthetic"):  # a sweep over data=synthetic,<real>
+            log.warning("%s", ignored)
+        else:
+            problems.append(f"{ignored}; add data=celeba_digiface to read that folder")
     if data.name != "synthetic" and not data.root:
         problems.append(
             f"data.root is empty: data={data.name} reads a real dataset; "

@@ -24,6 +24,7 @@ class World:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    local_world_size: int = 1  # ranks on this machine
 
     @property
     def is_main(self) -> bool:
@@ -48,6 +49,7 @@ def world_from_env() -> World:
         rank=int(os.environ.get("RANK", 0)),
         world_size=int(os.environ.get("WORLD_SIZE", 1)),
         local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
     )
 
 

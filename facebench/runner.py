@@ -28,6 +28,7 @@ from facebench.loaders.base import LoaderContext
 from facebench.loaders.shardsets import ensure_loader_shards, shard_files
 from facebench.pagecache import prepare_cache, resident_fraction
 from facebench.paths import cache_dir
+from facebench.resources import check_workers
 from facebench.tracking import Tracker, flatten, git_commit, write_results
 
 log = logging.getLogger(__name__)
@@ -169,6 +170,13 @@ def _run(
     metrics.update(before_epoch(loader, ctx))  # rank 0 first: it builds missing shards
     if world.is_main:
         barrier(world)
+    check_workers(
+        cfg.loader.name,
+        cfg.n_workers,
+        loader.worker_memory(ctx),
+        processes_per_machine=world.local_world_size,
+        enabled=cfg.resource_check,
+    )
     trainer = None
     if cfg.model.name != "none":
         trainer = build_trainer(

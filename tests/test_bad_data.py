@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import io
+import logging
 import shutil
 import subprocess
 import sys
+from types import SimpleNamespace
 
+import psutil
 import pytest
 from PIL import Image
 
+from facebench import resources
 from facebench.errors import ConfigError, DataError, FacebenchError
 from facebench.paths import PROJECT_ROOT
 from facebench.runner import check_exactly_once, run_training
@@ -179,3 +183,27 @@ def test_repeats_and_wrong_counts_fail_loudly(make_cfg):
         check_exactly_once(cfg, dataset, 120, {"samples_seen": 120, "samples_unique": 112})
     with pytest.raises(FacebenchError, match="delivered 112 samples in an epoch, expected 120"):
         check_exactly_once(cfg, dataset, 120, {"samples_seen": 112, "samples_unique": 112})
+
+
+def test_workers_that_cannot_fit_are_refused_before_any_fork(make_cfg):
+    before = {child.pid for child in psutil.Process().children()}
+    with pytest.raises(ConfigError) as raised:
+        run_training(make_cfg("n_workers=100000", "batch_size=100"))
+    message = str(raised.value)
+    assert "n_workers=100000: 100000 workers of loader=dataset need about" in message
+    assert "GiB are available" in message and "resource_check=false" in message
+    started = {child.pid for child in psutil.Process().children()} - before
+    assert started == set()  # refused before forking a single worker
+
+
+def test_the_resource_check_can_be_overridden(make_cfg, monkeypatch, caplog):
+    tight = SimpleNamespace(virtual_memory=lambda: SimpleNamespace(available=100 * 2**20))
+    monkeypatch.setattr(resources, "psutil", tight)
+    monkeypatch.setattr(resources, "usable_cores", lambda: 2)
+    cfg = make_cfg("n_workers=3", "batch_size=8")
+    with pytest.raises(ConfigError, match="n_workers=3: 3 workers .* Use n_workers=1 or fewer"):
+        run_training(cfg)
+    with caplog.at_level(logging.WARNING):
+        metrics = run_training(make_cfg("n_workers=3", "batch_size=8", "resource_check=false"))
+    assert metrics["samples_seen"] == 120
+    assert "n_workers=3: 3 workers on 2 cores share them" in caplog.text

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import errno
+import logging
+import os
 import random
+import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,6 +26,8 @@ from facebench.errors import FacebenchError, ShardError
 from facebench.loaders.shardsets import trusted_manifest
 from facebench.paths import PROJECT_ROOT
 from facebench.runner import before_epoch, loader_context
+from facebench.shards import room
+from facebench.shards.build import ensure_shards
 from facebench.shards.manifest import Manifest
 from tests.helpers import delivered
 
@@ -100,6 +107,7 @@ def test_ctrl_c_ends_the_run_as_killed_and_stops_workers(tmp_path, cache, isolat
             f"data.cache_dir={cache}",
             "data.n_images=120",
             "model=resnet18",
+            "amp=off",
             "batch_size=8",
             "n_workers=2",
             "repeat=50",
@@ -151,6 +159,33 @@ def test_an_unusable_tracking_store_is_reported_before_any_work(tmp_path, cache,
     assert result.returncode == 1
     assert "cannot be used" in output and "tracking=false" in output
     assert "epoch 0" not in output  # detected before the epoch started
+
+
+def test_an_unreachable_tracking_server_fails_within_seconds(tmp_path, cache, isolated_env):
+    with socket.socket() as probe:  # a port on this machine that nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = dict(isolated_env, MLFLOW_TRACKING_URI=f"http://127.0.0.1:{port}")
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(PROJECT_ROOT / "train.py"),
+            f"data.cache_dir={cache}",
+            "data.n_images=120",
+            "model=none",
+            "batch_size=8",
+            "device=cpu",
+            f"hydra.run.dir={tmp_path / 'out'}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,  # MLflow's own retries took over four minutes
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 1
+    assert f"MLflow server http://127.0.0.1:{port} does not answer" in output
+    assert "tracking=false" in output and "Traceback" not in output
 
 
 def test_random_damage_never_passes_silently(tmp_path, synthetic_root, make_cfg):
@@ -212,3 +247,77 @@ def test_random_damage_never_passes_silently(tmp_path, synthetic_root, make_cfg)
                 assert label == record.label
                 if kind != 0:
                     assert label == truth[Path(record.path).relative_to(root)]
+
+
+def test_a_set_that_cannot_fit_is_refused_before_anything_is_written(
+    tmp_path, synthetic_root, monkeypatch
+):
+    folder = tmp_path / "shards"
+    monkeypatch.setattr(room, "free_bytes", lambda _: 1_000_000)
+    with pytest.raises(ShardError, match="not enough disk space") as raised:
+        # 120 samples of 112x112x3 bytes: 4.5 MB, where 1 MB is free.
+        ensure_shards(synthetic_root, folder, "raw", seed=1, shard_size=40)
+    message = str(raised.value)
+    assert str(folder) in message and "needs about 4.5 MB and 1.0 MB are free" in message
+    assert "shards_dir=" in message
+    assert [p.name for p in folder.iterdir()] == [".lock"]  # nothing written
+
+
+def test_a_full_disk_mid_build_leaves_no_temporaries_and_resumes(
+    tmp_path, synthetic_root, monkeypatch, caplog
+):
+    folder = tmp_path / "shards"
+    real_fsync = os.fsync
+
+    def full_at_the_fourth_shard(fd: int) -> None:
+        if "shard-00003" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    # Forked shard writers (n_procs=2) inherit the patch: the disk "fills" in one of them.
+    monkeypatch.setattr(os, "fsync", full_at_the_fourth_shard)
+    with pytest.raises(ShardError, match="the disk is full") as raised:
+        ensure_shards(synthetic_root, folder, "pickle", shard_size=20, n_procs=2)
+    message = str(raised.value)
+    assert str(folder) in message and "finished shards are kept" in message
+    leftovers = [p.name for p in folder.rglob("*") if ".tmp-" in p.name]
+    assert leftovers == [], "half-written files left to keep the disk full"
+    assert Manifest.read(folder) is None
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    with caplog.at_level(logging.INFO):
+        shard_set = ensure_shards(synthetic_root, folder, "pickle", shard_size=20, n_procs=2)
+    assert "already done" in caplog.text  # the finished shards were reused
+    assert shard_set.manifest.n_samples == 120
+
+
+def test_prepare_on_a_small_disk_says_how_much_it_needs(tmp_path, cache, isolated_env):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    prepare = [
+        sys.executable,
+        str(PROJECT_ROOT / "prepare.py"),
+        f"data.cache_dir={cache}",
+        "data.n_images=120",
+        "format=raw",
+        f"shards_dir={disk}",
+        f"hydra.run.dir={tmp_path / 'out'}",
+    ]
+    # A 1 MB filesystem of its own, in a private mount namespace (needs root, as CI has).
+    script = f"mount -t tmpfs -o size=1m tmpfs {disk} && exec {shlex.join(prepare)}"
+    probe = subprocess.run(
+        ["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs {disk}"],
+        capture_output=True,
+    )
+    if probe.returncode != 0:
+        pytest.skip("cannot mount a small filesystem here (needs root and unshare)")
+    result = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        env=isolated_env,
+        timeout=300,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert f"{disk}/raw: not enough disk space for the shards" in output
+    assert "Traceback" not in output

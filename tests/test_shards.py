@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
 import pickle
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from facebench.app import user_message
 from facebench.data.sources import read_records
 from facebench.errors import ShardError
 from facebench.loaders import pickle as pickle_loader
@@ -65,12 +69,17 @@ def test_rerun_with_unchanged_inputs_does_nothing(data_copy, tmp_path, caplog, s
     folder = tmp_path / "shards"
     first = ensure_shards(data_copy, folder, shard_format, shard_size=50)
     assert first.built and [s.samples for s in first.manifest.shards] == [50, 50, 20]
-    stamps = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+
+    def stamps() -> dict[str, int]:
+        # The lock file records who builds (for anyone waiting); the set itself must not change.
+        return {p.name: p.stat().st_mtime_ns for p in folder.iterdir() if p.name != ".lock"}
+
+    before = stamps()
     with caplog.at_level(logging.INFO):
         again = ensure_shards(data_copy, folder, shard_format, shard_size=50)
     assert not again.built
     assert "up to date" in caplog.text and "nothing to do" in caplog.text
-    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == stamps
+    assert stamps() == before
 
 
 def test_changed_settings_or_inputs_rebuild(data_copy, tmp_path):
@@ -100,6 +109,24 @@ def test_a_shard_that_does_not_match_is_never_unpickled(data_copy, tmp_path):
     with pytest.raises(ShardError, match="does not match the manifest"):
         read_verified(folder / manifest.shards[0].name, manifest.shards[0].sha256)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("n_workers", [0, 2])
+def test_a_refused_shard_is_one_line_without_the_pipeline(make_cfg, tmp_path, n_workers):
+    cfg = make_cfg(
+        "loader=pickle", f"shards_dir={tmp_path}", "shard_size=40", f"n_workers={n_workers}"
+    )
+    run_training(cfg)  # builds the shards
+    shard = sorted((tmp_path / "pickle").glob("shard-*.pickle"))[0]
+    data = bytearray(shard.read_bytes())
+    data[100:110] = b"0123456789"  # same size: only the hash can tell
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ShardError) as raised:
+        run_training(cfg)
+    message = user_message(raised.value)
+    assert f"{shard}: sha256" in message and "does not match the manifest" in message
+    # torch's DataPipes append a repr of the whole pipeline, every shard's sha256 included.
+    assert "thrown by __iter__" not in message and len(message) < 400
 
 
 def test_loader_refuses_a_folder_without_manifest(make_cfg, data_copy, tmp_path):
@@ -136,3 +163,50 @@ def test_train_builds_missing_shards_outside_the_clock(make_cfg, tmp_path):
     assert metrics["prepare_s"] > 0
     assert metrics["samples_seen"] == 120
     assert np.isfinite(metrics["epoch_time_s"])
+
+
+@pytest.mark.parametrize("loader", ["pickle", "raw", "webdataset"])
+def test_shards_rebuilt_during_the_run_are_refused_in_one_line(
+    make_cfg, synthetic_root, tmp_path, loader
+):
+    """prepare.py with another seed, while train.py reads the same shards: the reader says what
+    happened, instead of a traceback for a deleted file or, worse, mixing two shard sets."""
+    from facebench import loaders
+    from facebench.loaders.shardsets import ShardsChanged
+    from facebench.runner import before_epoch
+    from tests.test_loaders import context
+
+    cfg = make_cfg(f"loader={loader}", f"shards_dir={tmp_path}", "shard_size=20", "batch_size=4")
+    module = loaders.get(loader)
+    ctx = context(cfg, synthetic_root)
+    before_epoch(module, ctx)
+    batches = iter(module.build(ctx))
+    next(batches)
+    ensure_shards(ctx.data_root, ctx.shards_dir, ctx.shards_dir.name, seed=1, shard_size=20)
+    with pytest.raises(ShardsChanged, match="shards changed during the run") as raised:
+        for _ in batches:
+            pass
+    assert "Traceback" not in str(raised.value) and "sha256" not in str(raised.value)
+
+
+def test_a_build_that_waits_for_another_says_so(data_copy, tmp_path, caplog):
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as another process's build would hold it
+        lock.write("4242\n")
+        lock.flush()
+        with caplog.at_level(logging.INFO):
+            waiting = threading.Thread(
+                target=ensure_shards, args=(data_copy, folder, "raw"), kwargs={"shard_size": 50}
+            )
+            waiting.start()
+            deadline = time.monotonic() + 30
+            while "waiting for process 4242" not in caplog.text:
+                assert time.monotonic() < deadline, "no word while waiting for the lock"
+                time.sleep(0.05)
+            assert str(folder) in caplog.text and waiting.is_alive()
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            waiting.join(timeout=60)
+    assert not waiting.is_alive()
+    assert Manifest.read(folder) is not None

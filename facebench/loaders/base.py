@@ -14,7 +14,9 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 from facebench.config import LoaderConfig
 from facebench.data.batch_transforms import crop_batch, crop_offsets, normalize_batch
 from facebench.data.sources import LabelSpace, Record
+from facebench.data.transforms import CROP, RESIZE
 from facebench.distributed import World
+from facebench.resources import WORKER_OWN_BYTES, batch_bytes
 
 # (images, labels, sample ids): ids are canonical positions (see data.sample_index), or None for
 # loaders with no real samples.
@@ -88,6 +90,14 @@ def data_loader(
         generator=generator,
         **extra,
     )
+
+
+def worker_memory(ctx: LoaderContext, finished: bool = True, held: int = 0) -> int:
+    """One worker's memory: its own pages, the batches it keeps ready (float32 crops, or uint8
+    images when the device finishes them), and `held`, what the loader itself keeps."""
+    shape = (3, *CROP) if finished else (*RESIZE, 3)
+    ready = ctx.options.prefetch_factor * batch_bytes(ctx.batch_size, shape, finished)
+    return WORKER_OWN_BYTES + ready + held
 
 
 def finish_on_device(batches: Iterable, device: torch.device) -> Iterator[Batch]:

@@ -35,6 +35,7 @@ from facebench.config import LoaderConfig
 from facebench.data.images import open_sample
 from facebench.data.sample_index import SampleIndex
 from facebench.data.sources import CELEBA, DIGIFACE, LabelSpace, celeba_records, digiface_record
+from facebench.loaders import base
 from facebench.loaders.base import Batch, LoaderContext, data_loader, usable
 
 PipeRecord = tuple[str, int, str, int]  # path, label, source, sample id
@@ -119,6 +120,17 @@ def build_datapipe(ctx: LoaderContext) -> IterDataPipe:
         pipe = TakeFirst(pipe, n_batches - n_batches % ctx.world.world_size)
     pipe = pipe.sharding_filter()
     return pipe.load_images(transform=ctx.transform)
+
+
+# A record in a worker's listing or shuffle buffer: a tuple of path, label, source and id.
+_RECORD_BYTES = 400
+
+
+def worker_memory(ctx: LoaderContext) -> int:
+    """Every worker lists every file and fills its own shuffle buffer."""
+    n = len(ctx.records)
+    held = _RECORD_BYTES * (n + min(ctx.options.shuffle_buffer, n))
+    return base.worker_memory(ctx, held=held)
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:

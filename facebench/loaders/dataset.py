@@ -13,6 +13,7 @@ from torch.utils.data import ConcatDataset, Dataset
 from facebench.config import LoaderConfig
 from facebench.data.images import open_sample
 from facebench.data.sources import Record, celeba_records, digiface_records
+from facebench.loaders import base
 from facebench.loaders.base import (
     Batch,
     LoaderContext,
@@ -39,6 +40,10 @@ class RecordDataset(Dataset):
         record = self.records[index]
         image = self.transform(open_sample(record.path, record.source))
         return image, record.label, self.first_id + index
+
+
+def worker_memory(ctx: LoaderContext) -> int:
+    return base.worker_memory(ctx)
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:

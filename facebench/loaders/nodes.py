@@ -38,6 +38,7 @@ from facebench.data.images import open_sample
 from facebench.data.sources import Record, celeba_records, digiface_records
 from facebench.errors import LoaderFailure
 from facebench.loader_failures import signal_name, too_many_open_files, worker_died
+from facebench.loaders import base
 from facebench.loaders.base import (
     Batch,
     LoaderContext,
@@ -99,6 +100,11 @@ class LoadBatch:
 def _read(path: str) -> bytes:
     with open(path, "rb") as file:
         return file.read()
+
+
+def worker_memory(ctx: LoaderContext) -> int:
+    finished = ctx.device.type != "cuda" or ctx.options.decoder == "pil"
+    return base.worker_memory(ctx, finished=finished)
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:

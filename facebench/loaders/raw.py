@@ -14,6 +14,7 @@ and normalization run there.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -22,8 +23,10 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from facebench.config import LoaderConfig
 from facebench.data.batch_transforms import crop_batch, crop_offsets, normalize_batch
+from facebench.errors import ShardError
+from facebench.loaders import base
 from facebench.loaders.base import Batch, LoaderContext, data_loader, finish_on_device
-from facebench.loaders.shardsets import trusted_manifest
+from facebench.loaders.shardsets import ShardGuard, trusted_manifest
 from facebench.shards import raw_format
 from facebench.shards.manifest import read_index
 
@@ -45,10 +48,15 @@ class RawBatches(IterableDataset):
         epoch_seed: int,
         crop: str,
         normalize: bool,
+        guard: ShardGuard,
         rank: int = 0,
         world_size: int = 1,
     ) -> None:
         self.paths = paths
+        self.guard = guard
+        # A shard rebuilt under the same name has the same size (and maybe a reused inode
+        # number): its inode and time of writing together tell it apart.
+        self.identities = [_identity(path) for path in paths]
         self.labels = np.ascontiguousarray(index["label"])  # verified against the manifest
         self.ids = np.ascontiguousarray(index["id"])
         self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
@@ -91,11 +99,24 @@ class RawBatches(IterableDataset):
             mask = shard_of == shard
             local = positions[mask] - self.starts[shard]
             # Mapped only for this gather: the pages do not stay in the worker's memory.
-            images = raw_format.open_shard(self.paths[shard])
+            path = self.paths[shard]
+            with self.guard.reading(path):
+                images = raw_format.open_shard(path)
+                if _identity(path) != self.identities[shard]:
+                    raise ShardError(f"{path}: replaced during the run")
             order = np.argsort(local)  # ascending offsets read the file front to back
             out[np.flatnonzero(mask)[order]] = images[local[order]]
             del images
         return out
+
+
+def worker_memory(ctx: LoaderContext) -> int:
+    return base.worker_memory(ctx, finished=ctx.device.type != "cuda")
+
+
+def _identity(path: str) -> tuple[int, int]:
+    stat = os.stat(path)
+    return stat.st_ino, stat.st_mtime_ns
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:
@@ -109,6 +130,7 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
         epoch_seed=ctx.epoch_seed(),  # the same on every rank and worker
         crop=ctx.options.crop,
         normalize=not on_gpu,
+        guard=ShardGuard.of(ctx.shards_dir, manifest),
         rank=ctx.world.rank,
         world_size=ctx.world.world_size,
     )

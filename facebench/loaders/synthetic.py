@@ -47,5 +47,9 @@ def build(ctx: LoaderContext) -> SameBatch:
     return SameBatch(images, labels, per_rank)
 
 
+def worker_memory(ctx: LoaderContext) -> int:
+    return 0  # no workers
+
+
 def data_files(ctx: LoaderContext) -> list[str]:
     return []  # reads nothing
