@@ -94,6 +94,10 @@ class TrainConfig(CommonConfig):
     # Hash every shard against its manifest before the epoch (pickle shards are always hashed
     # before they are unpickled; raw and tar are otherwise checked by size).
     verify_shards: bool = False
+    # With model=none: stop where a GPU run hands a batch to the device (uint8 images and crop
+    # offsets for the loaders the device finishes), so a CPU-only machine measures a GPU run's
+    # host side. No copy to the device, no finishing.
+    host_only: bool = False
     # Record the run in MLflow; false runs with no tracking at all.
     tracking: bool = True
     # Refuse n_workers whose estimated memory exceeds what is available; false starts them anyway.
@@ -200,6 +204,11 @@ def validate(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key)
         if value is not None and value not in allowed:
             problems.append(f"{key}={value}: use one of {', '.join(allowed)}")
+    if OmegaConf.select(cfg, "host_only") and cfg.model.name != "none":
+        problems.append(
+            f"host_only=true measures the loader alone; it needs model=none (not "
+            f"model={cfg.model.name})"
+        )
     data = cfg.data
     if data.name == "synthetic" and data.n_images < 1:
         problems.append(f"data.n_images={data.n_images}: the synthetic set needs at least 1 image")

@@ -1,10 +1,15 @@
-"""One benchmark job: config -> data -> loader -> timed epochs -> metrics -> MLflow and JSON."""
+"""One benchmark job, as its stages: prepare the data, build the loader, measure epochs, record.
+
+config -> records -> loader -> epoch loop -> meter -> tracker (MLflow and results.json)
+"""
 
 from __future__ import annotations
 
 import logging
 import random
 import statistics
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -22,7 +27,7 @@ from facebench.data.transforms import seed_transform
 from facebench.device import Precision, device_name, resolve_device, resolve_precision
 from facebench.distributed import World, barrier, gather, join, whole_job, world_from_env
 from facebench.distributed import start as start_distributed
-from facebench.epoch import build_trainer, run_epoch
+from facebench.epoch import EpochSettings, run_epoch
 from facebench.errors import ConfigError, FacebenchError
 from facebench.loaders.base import LoaderContext
 from facebench.loaders.shardsets import ensure_loader_shards, shard_files
@@ -30,6 +35,7 @@ from facebench.pagecache import prepare_cache, resident_fraction
 from facebench.paths import cache_dir
 from facebench.resources import check_workers
 from facebench.tracking import Tracker, flatten, git_commit, write_results
+from facebench.training import Trainer, build_trainer
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +47,8 @@ HEADLINE = (
     "time_to_first_batch_s",
     "data_wait_frac",
 )
+# Metrics of the job rather than of an epoch: logged once.
+ONCE = ("prepare_s", "samples_skipped", "listing_s")
 _RESIDENCY_SAMPLE = 2000  # files checked with mincore to report the cache state
 
 
@@ -48,9 +56,51 @@ def run_name(cfg: DictConfig, precision: str) -> str:
     """dataset-w5-bs600-fp16; the model is named when it is not the seed's ResNet-50."""
     name = f"{cfg.loader.name}-w{cfg.n_workers}-bs{cfg.batch_size}"
     if cfg.model.name == "none":
-        return f"{name}-loader-only"
+        return f"{name}-host-only" if cfg.host_only else f"{name}-loader-only"
     name = f"{name}-{precision}"
     return name if cfg.model.name == "resnet50" else f"{name}-{cfg.model.name}"
+
+
+@dataclass(frozen=True)
+class Job:
+    """Where and how this job runs: its place in a torchrun job, device and precision."""
+
+    world: World
+    device: torch.device
+    precision: Precision
+
+    @classmethod
+    def start(cls, cfg: DictConfig) -> Job:
+        world = world_from_env()
+        device = resolve_device(cfg.device, world.local_rank, world.distributed)
+        start_distributed(world, device)
+        return cls(world, device, resolve_precision(cfg.amp.mode, device))
+
+    def name(self, cfg: DictConfig) -> str:
+        name = run_name(cfg, self.precision.name)
+        return f"{name}-x{self.world.world_size}" if self.world.distributed else name
+
+    def params(self, cfg: DictConfig) -> dict[str, Any]:
+        params: dict[str, Any] = flatten(OmegaConf.to_container(cfg, resolve=True))
+        params.update(
+            loader=cfg.loader.name,
+            data=cfg.data.name,
+            model=cfg.model.name,
+            amp=self.precision.name,
+            device_type=self.device.type,
+            world_size=self.world.world_size,
+        )
+        return params
+
+    def tags(self, sweep_id: str | None) -> dict[str, str]:
+        tags = {
+            "device_name": device_name(self.device),
+            "torch_version": torch.__version__,
+            "git_commit": git_commit(),
+        }
+        if sweep_id:
+            tags["sweep_id"] = sweep_id
+        return tags
 
 
 def run_training(
@@ -58,37 +108,16 @@ def run_training(
 ) -> dict[str, float]:
     """Run the configured epochs `repeat` times; return the last epoch's metrics and summaries."""
     validate(cfg)
-    world = world_from_env()
-    device = resolve_device(cfg.device, world.local_rank, world.distributed)
-    start_distributed(world, device)
-    precision = resolve_precision(cfg.amp.mode, device)
-    name = run_name(cfg, precision.name)
-    params: dict[str, Any] = flatten(OmegaConf.to_container(cfg, resolve=True))
-    params.update(
-        loader=cfg.loader.name,
-        data=cfg.data.name,
-        model=cfg.model.name,
-        amp=precision.name,
-        device_type=device.type,
-        world_size=world.world_size,
-    )
-    tags = {
-        "device_name": device_name(device),
-        "torch_version": torch.__version__,
-        "git_commit": git_commit(),
-    }
-    if sweep_id:
-        tags["sweep_id"] = sweep_id
-    if world.distributed:
-        name = f"{name}-x{world.world_size}"
+    job = Job.start(cfg)
     # Only rank 0 records anything; the other ranks train and report their metrics to it.
-    tracker = Tracker(enabled=cfg.tracking and world.is_main)
-    output_dir = output_dir if world.is_main else None
+    tracker = Tracker(enabled=cfg.tracking and job.world.is_main)
+    output_dir = output_dir if job.world.is_main else None
+    name, params, tags = job.name(cfg), job.params(cfg), job.tags(sweep_id)
     results: dict[str, Any] = {"run_name": name, "params": params, "tags": tags, "metrics": {}}
     with tracker.run(name, params, tags, system_metrics=True):
         results["status"] = "FAILED"
         try:
-            _run(cfg, world, device, precision, tracker, results["metrics"])
+            _run(cfg, job, tracker, results["metrics"])
             results["status"] = "FINISHED"
         except KeyboardInterrupt:
             results["status"] = "KILLED"
@@ -101,6 +130,148 @@ def run_training(
             tracker.log_artifact(output_dir / "results.json")
             tracker.log_artifact(output_dir / ".hydra" / "config.yaml")
     return results["metrics"]
+
+
+def _run(cfg: DictConfig, job: Job, tracker: Tracker, metrics: dict[str, float]) -> None:
+    _seed_everything(cfg.seed)
+    data = prepare_data(cfg, job.world)
+    metrics.update(data.metrics())
+    loader = loaders.get(cfg.loader.name)
+    ctx = loader_context(
+        cfg, loader, data.root, data.records, data.labels, job.device, data.excluded, job.world
+    )
+    metrics.update(build_loader(cfg, loader, ctx, job.world))
+    trainer = _trainer(cfg, job, data.labels)
+    log.info(
+        "data %s (%d samples, %d classes), loader=%s, model=%s%s, %s on %s, cache=%s",
+        data.root,
+        len(data.records),
+        data.labels.n_classes,
+        cfg.loader.name,
+        cfg.model.name,
+        " (host only)" if cfg.host_only else "",
+        job.precision.name,
+        job.device,
+        cfg.cache,
+    )
+    per_epoch = measure(cfg, job, loader, ctx, trainer, tracker, data)
+    summary = summarise(per_epoch)
+    metrics.update({**per_epoch[-1], **summary})  # the last epoch's, and the summaries
+    tracker.log_metrics({**summary, **{k: v for k, v in metrics.items() if k in ONCE}})
+    if data.skipped:
+        log.warning("on_bad_sample=skip: %d samples were left out (samples_skipped)", data.skipped)
+
+
+@dataclass
+class Data:
+    """The run's samples, listed and checked once, before any clock starts."""
+
+    root: Path
+    records: list[Record]
+    labels: LabelSpace
+    excluded: frozenset[str]
+    skipped: int
+    listing_s: float
+
+    def metrics(self) -> dict[str, float]:
+        return {"samples_skipped": float(self.skipped), "listing_s": self.listing_s}
+
+
+def prepare_data(cfg: DictConfig, world: World) -> Data:
+    """Generate (synthetic) or find the data, list every sample, check the files are usable."""
+    if not world.is_main:  # rank 0 generates (or checks) the data; the others wait and reuse it
+        barrier(world)
+    n_procs = max(cfg.n_workers, 1)
+    root = data_root(cfg.data, n_procs=n_procs)
+    started = time.perf_counter()
+    all_records, labels = read_records(root)
+    usable = usable_records(
+        all_records, root, cfg.on_bad_sample, cache_dir(cfg.data.cache_dir), n_procs
+    )
+    listing_s = time.perf_counter() - started
+    if len(usable.records) < cfg.batch_size:
+        raise ConfigError(
+            f"batch_size={cfg.batch_size} is larger than the {len(usable.records)} usable samples "
+            f"in {root}; with drop_last no batch would be delivered. Use a smaller batch_size "
+            "(or more data: data.n_images for the synthetic set)"
+        )
+    return Data(root, usable.records, labels, usable.excluded, len(usable.skipped), listing_s)
+
+
+def build_loader(
+    cfg: DictConfig, loader: ModuleType, ctx: LoaderContext, world: World
+) -> dict[str, float]:
+    """The loader's preparation, outside the clock (shards built if missing), and the check that
+    its workers fit this machine. Rank 0 first: it builds what the others then reuse."""
+    metrics = before_epoch(loader, ctx)
+    if world.is_main:
+        barrier(world)
+    check_workers(
+        cfg.loader.name,
+        cfg.n_workers,
+        loader.worker_memory(ctx),
+        processes_per_machine=world.local_world_size,
+        enabled=cfg.resource_check,
+    )
+    return metrics
+
+
+def _trainer(cfg: DictConfig, job: Job, labels: LabelSpace) -> Trainer | None:
+    if cfg.model.name == "none":
+        return None
+    return build_trainer(
+        cfg.model.name,
+        labels.n_classes,
+        job.device,
+        job.precision,
+        lr=cfg.lr,
+        momentum=cfg.momentum,
+        weight_decay=cfg.weight_decay,
+        distributed=job.world.distributed,
+    )
+
+
+def measure(
+    cfg: DictConfig,
+    job: Job,
+    loader: ModuleType,
+    ctx: LoaderContext,
+    trainer: Trainer | None,
+    tracker: Tracker,
+    data: Data,
+) -> list[dict[str, float]]:
+    """Every measured epoch (repeat x epochs), each checked and logged as it ends."""
+    files = _data_files(loader, ctx)
+    settings = EpochSettings(
+        device=job.device,
+        max_batches=cfg.max_batches,
+        sample_hz=cfg.sample_hz,
+        label_counts=np.bincount([r.label for r in data.records], minlength=data.labels.n_classes),
+        expected_images=len(data.records) if not cfg.max_batches else None,
+        join=join(trainer.model if trainer else None),
+        loader_name=cfg.loader.name,
+        host_only=cfg.host_only,
+    )
+    per_epoch: list[dict[str, float]] = []
+    n_measured = cfg.repeat * cfg.epochs
+    for step in range(n_measured):
+        ctx.epoch = step
+        if job.world.local_rank == 0:
+            prepare_cache(cfg.cache, files)  # one page cache per machine: one rank prepares it
+        barrier(job.world)
+        cache_metrics = _cache_state(files)
+        settings.description = f"epoch {step + 1}/{n_measured}"
+        result = run_epoch(lambda: loader.build(ctx), trainer, settings)
+        epoch_metrics = {**result.metrics(), **cache_metrics}
+        if job.world.distributed:
+            epoch_metrics = _merge_ranks(job.world, epoch_metrics, result.ids)
+        tracker.log_metrics(epoch_metrics, step=step)
+        per_epoch.append(epoch_metrics)
+        if job.world.is_main:
+            _log_epoch(step, epoch_metrics)
+        if not cfg.max_batches and not loader_is_ceiling(loader):
+            check_exactly_once(cfg, loader, len(data.records), epoch_metrics)
+    return per_epoch
 
 
 def loader_context(
@@ -138,109 +309,6 @@ def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def _run(
-    cfg: DictConfig,
-    world: World,
-    device: torch.device,
-    precision: Precision,
-    tracker: Tracker,
-    metrics: dict[str, float],
-) -> None:
-    _seed_everything(cfg.seed)
-    n_procs = max(cfg.n_workers, 1)
-    if not world.is_main:  # rank 0 generates (or checks) the data; the others wait and reuse it
-        barrier(world)
-    root = data_root(cfg.data, n_procs=n_procs)
-    all_records, labels = read_records(root)
-    usable = usable_records(
-        all_records, root, cfg.on_bad_sample, cache_dir(cfg.data.cache_dir), n_procs
-    )
-    records = usable.records
-    metrics["samples_skipped"] = float(len(usable.skipped))
-    if len(records) < cfg.batch_size:
-        raise ConfigError(
-            f"batch_size={cfg.batch_size} is larger than the {len(records)} usable samples in "
-            f"{root}; with drop_last no batch would be delivered. Use a smaller batch_size "
-            "(or more data: data.n_images for the synthetic set)"
-        )
-    loader = loaders.get(cfg.loader.name)
-    ctx = loader_context(cfg, loader, root, records, labels, device, usable.excluded, world)
-    metrics.update(before_epoch(loader, ctx))  # rank 0 first: it builds missing shards
-    if world.is_main:
-        barrier(world)
-    check_workers(
-        cfg.loader.name,
-        cfg.n_workers,
-        loader.worker_memory(ctx),
-        processes_per_machine=world.local_world_size,
-        enabled=cfg.resource_check,
-    )
-    trainer = None
-    if cfg.model.name != "none":
-        trainer = build_trainer(
-            cfg.model.name,
-            labels.n_classes,
-            device,
-            precision,
-            lr=cfg.lr,
-            momentum=cfg.momentum,
-            weight_decay=cfg.weight_decay,
-            distributed=world.distributed,
-        )
-    files = _data_files(loader, ctx)
-    label_counts = np.bincount([r.label for r in records], minlength=labels.n_classes)
-    log.info(
-        "data %s (%d samples, %d classes), loader=%s, model=%s, %s on %s, cache=%s",
-        root,
-        len(records),
-        labels.n_classes,
-        cfg.loader.name,
-        cfg.model.name,
-        precision.name,
-        device,
-        cfg.cache,
-    )
-    per_epoch: list[dict[str, float]] = []
-    n_measured = cfg.repeat * cfg.epochs
-    for step in range(n_measured):
-        ctx.epoch = step
-        if world.local_rank == 0:
-            prepare_cache(cfg.cache, files)  # one page cache per machine: one rank prepares it
-        barrier(world)
-        cache_metrics = _cache_state(files)
-        expected = len(records) if not cfg.max_batches else cfg.max_batches * cfg.batch_size
-        result = run_epoch(
-            lambda: loader.build(ctx),
-            trainer,
-            device,
-            max_batches=cfg.max_batches,
-            sample_hz=cfg.sample_hz,
-            label_counts=label_counts,
-            expected_images=expected,
-            description=f"epoch {step + 1}/{n_measured}",
-            join=join(trainer.model if trainer else None),
-            loader_name=cfg.loader.name,
-        )
-        epoch_metrics = {**result.metrics(), **cache_metrics}
-        if world.distributed:
-            epoch_metrics = _merge_ranks(world, epoch_metrics, result.ids)
-        tracker.log_metrics(epoch_metrics, step=step)
-        per_epoch.append(epoch_metrics)
-        metrics.update(epoch_metrics)
-        if world.is_main:
-            _log_epoch(step, epoch_metrics)
-        if not cfg.max_batches and not loader_is_ceiling(loader):
-            check_exactly_once(cfg, loader, len(records), epoch_metrics)
-    summary = summarise(per_epoch)
-    metrics.update(summary)
-    once = {k: v for k, v in metrics.items() if k in ("prepare_s", "samples_skipped")}
-    tracker.log_metrics({**summary, **once})
-    if usable.skipped:
-        log.warning(
-            "on_bad_sample=skip: %d samples were left out (samples_skipped)", len(usable.skipped)
-        )
 
 
 def _merge_ranks(
@@ -340,8 +408,10 @@ def _cache_state(files: list[str]) -> dict[str, float]:
 
 def _log_epoch(step: int, metrics: dict[str, float]) -> None:
     extra = ""
+    if "gpu_busy_frac" in metrics:
+        extra = f", GPU busy {100 * metrics['gpu_busy_frac']:.0f}% of the epoch"
     if "gpu_util_mean" in metrics:
-        extra = f", GPU {metrics['gpu_util_mean']:.0f}% busy"
+        extra += f" (NVML utilization {metrics['gpu_util_mean']:.0f}%)"
     log.info(
         "epoch %d: %d images in %.1f s = %.1f images/s (steady %.1f); first batch after %.2f s; "
         "waited for data %.0f%% of the time; CPU %.0f%%%s",

@@ -20,7 +20,7 @@ from facebench import loaders
 from facebench.app import configure, install_process_handlers, user_message
 from facebench.data.roots import data_root
 from facebench.data.sources import read_records
-from facebench.epoch import run_epoch
+from facebench.epoch import EpochSettings, run_epoch
 from facebench.errors import FacebenchError
 from facebench.paths import PROJECT_ROOT
 from facebench.runner import before_epoch, loader_context
@@ -64,7 +64,7 @@ def break_one(loader: str, mode: str, cache: str) -> None:
     limits = resource.getrlimit(resource.RLIMIT_NOFILE)
     started = time.perf_counter()
     try:
-        run_epoch(build, None, torch.device("cpu"), loader_name=loader)
+        run_epoch(build, None, EpochSettings(torch.device("cpu"), loader_name=loader))
         print(f"{loader}: no error", flush=True)
     except FacebenchError as error:
         print(f"{type(error).__name__}: {user_message(error)}", flush=True)

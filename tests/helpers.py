@@ -10,18 +10,26 @@ import torch
 from facebench.data.images import open_sample
 from facebench.data.sources import read_records
 from facebench.data.transforms import seed_transform
+from facebench.finish import Finisher
+from facebench.loaders.base import Batch
 
 Samples = dict[int, tuple[torch.Tensor, int]]
 
 
-def delivered(batches: Iterable[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> Samples:
-    """{sample id: (image, label)} over one epoch; fails on a repeated sample."""
+def delivered(batches: Iterable[Batch], device: str = "cpu") -> Samples:
+    """{sample id: (image, label)} over one epoch, each batch finished on `device` as the epoch
+    loop finishes it; fails on a repeated sample."""
     seen: Samples = {}
-    for images, labels, ids in batches:
+    finish = Finisher(torch.device(device))
+    for batch in batches:
+        assert isinstance(batch, Batch), type(batch)
+        images, labels = finish(batch)
+        ids = batch.ids
         assert len(images) == len(labels) == len(ids)
         for image, label, sample_id in zip(images, labels, ids.tolist(), strict=True):
             assert sample_id not in seen, f"sample {sample_id} delivered twice"
-            seen[sample_id] = (image.float().cpu(), int(label))
+            # A copy: the finisher reuses its buffers.
+            seen[sample_id] = (image.to("cpu", torch.float32, copy=True), int(label))
     return seen
 
 

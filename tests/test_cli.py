@@ -136,6 +136,7 @@ def test_bad_config_fails_at_compose_time(make_cfg, override, error, says):
         ("+unknown_key=1", "unknown_key: no such key"),
         ("loader=raw +loader.shuffle_buffer=5", "loader.shuffle_buffer: no such key"),
         ("+data.labels=x.csv", "data.labels: no such key"),
+        ("model=resnet18 host_only=true", "host_only=true measures the loader alone; it needs"),
     ],
 )
 def test_bad_values_are_named(make_cfg, override, says):

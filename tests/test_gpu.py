@@ -38,8 +38,9 @@ def test_device_paths_deliver_the_same_samples(make_cfg, synthetic_root, name, o
     ctx = loader_context(cfg, module, synthetic_root, records, labels, torch.device("cuda"))
     before_epoch(module, ctx)
     batches = list(module.build(ctx))
-    assert all(images.device.type == "cuda" for images, _, _ in batches)
-    seen = delivered(batches)
+    # Handed over as a GPU run copies them: from pinned memory, without waiting.
+    assert all(batch.images.is_pinned() for batch in batches)
+    seen = delivered(batches, device="cuda")
     assert len(seen) == len(records)
     assert_same_samples(seen, expected(synthetic_root), atol=atol)
 
@@ -51,3 +52,18 @@ def test_training_step_runs_fp16_with_grad_scaler(make_cfg):
     assert metrics["samples_seen"] == 120
     assert "gpu_util_mean" in metrics and "gpu_mem_peak_mb" in metrics
     assert metrics["loss_last"] == metrics["loss_last"]  # not NaN
+    # CUDA events around each step: busy and idle add up to the epoch.
+    assert 0 < metrics["gpu_busy_frac"] <= 1
+    busy = metrics["gpu_busy_s"] + metrics["gpu_idle_s"]
+    assert busy == pytest.approx(metrics["epoch_time_s"], rel=1e-6)
+
+
+@pytest.mark.parametrize("loader", ["raw", "webdataset", "nodes", "dataset"])
+def test_host_only_stops_before_the_device(make_cfg, loader):
+    from facebench.runner import run_training
+
+    metrics = run_training(
+        make_cfg(f"loader={loader}", "device=cuda", "host_only=true", "n_workers=2")
+    )
+    assert metrics["samples_seen"] == 120 and metrics["samples_unique"] == 120
+    assert "gpu_busy_frac" not in metrics  # nothing was sent to the device

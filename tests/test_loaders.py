@@ -8,13 +8,14 @@ import torch
 from facebench import loaders
 from facebench.data.sources import read_records
 from facebench.loaders.base import LoaderContext
-from facebench.runner import before_epoch, loader_context
+from facebench.runner import before_epoch, loader_context, run_training
 from tests.helpers import assert_same_samples, delivered, expected
 
 EXACT = ["dataset", "datapipe", "pickle", "raw"]  # pixel for pixel the seed's preprocessing
 # torchvision.io + tensor resampling: the same decoders, resampling rounds a little differently.
 CLOSE = ["webdataset", "nodes"]
 LOADERS = EXACT + CLOSE
+UINT8 = ["raw", "webdataset", "nodes"]  # the device crops and normalizes their batches
 TOLERANCE = 4 / 255 / 0.225  # four grey levels, in normalized units
 
 
@@ -68,3 +69,26 @@ def test_drop_last_drops_only_a_remainder(make_cfg, synthetic_root, truth, name)
 def test_unknown_loader_lists_the_choices():
     with pytest.raises(Exception, match="no such loader; choose one of .*dataset"):
         loaders.get("nope")
+
+
+@pytest.mark.parametrize("name", LOADERS)
+def test_host_only_delivers_every_sample_once_as_a_gpu_run_receives_it(make_cfg, name):
+    metrics = run_training(
+        make_cfg(f"loader={name}", "host_only=true", "n_workers=2", "batch_size=4", "shard_size=32")
+    )
+    # run_training checked the epoch: every sample once (less drop_last's remainders).
+    assert metrics["samples_unique"] == metrics["samples_seen"] >= 120 - 2 * 3
+
+
+@pytest.mark.parametrize("name", LOADERS)
+def test_the_device_finishes_the_loaders_that_hand_over_uint8(make_cfg, synthetic_root, name):
+    cfg = make_cfg(f"loader={name}", "shard_size=32", "batch_size=4")
+    module = loaders.get(name)
+    ctx = context(cfg, synthetic_root)
+    before_epoch(module, ctx)
+    batch = next(iter(module.build(ctx)))
+    if name in UINT8:
+        assert batch.images.dtype == torch.uint8 and batch.images.shape[1:] == (112, 112, 3)
+        assert batch.offsets is not None and batch.offsets.shape == (4, 2)
+    else:
+        assert batch.images.dtype == torch.float32 and batch.offsets is None

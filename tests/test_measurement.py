@@ -8,10 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from facebench.epoch import run_epoch
+from facebench.epoch import EpochSettings, run_epoch
+from facebench.loaders.base import Batch
+from facebench.meter import DeviceBusy
 from facebench.order import batch_label_diversity, expected_distinct_labels, order_corr
 from facebench.pagecache import evict, resident_fraction, warm
 from facebench.runner import run_training, summarise
+
+CPU = EpochSettings(torch.device("cpu"), sample_hz=0)
 
 
 def _batches(n_batches: int, batch_size: int = 16, delay_s: float = 0.0):
@@ -20,7 +24,7 @@ def _batches(n_batches: int, batch_size: int = 16, delay_s: float = 0.0):
             if delay_s:
                 time.sleep(delay_s)  # a slow loader, on purpose
             ids = torch.arange(index * batch_size, (index + 1) * batch_size)
-            yield torch.zeros(batch_size, 3, 8, 8), ids % 7, ids
+            yield Batch(torch.zeros(batch_size, 3, 8, 8), ids % 7, ids)
 
     return build
 
@@ -45,8 +49,8 @@ def test_metrics_are_consistent(make_cfg):
 
 
 def test_a_slow_loader_shows_as_data_wait():
-    fast = run_epoch(_batches(10), None, torch.device("cpu"), sample_hz=0).times
-    slow = run_epoch(_batches(10, delay_s=0.03), None, torch.device("cpu"), sample_hz=0).times
+    fast = run_epoch(_batches(10), None, CPU).times
+    slow = run_epoch(_batches(10, delay_s=0.03), None, CPU).times
     assert slow.data_wait_s >= 10 * 0.03 * 0.9
     assert slow.data_wait_frac > 0.8
     assert slow.data_wait_frac > fast.data_wait_frac
@@ -54,7 +58,9 @@ def test_a_slow_loader_shows_as_data_wait():
 
 
 def test_max_batches_stops_the_epoch():
-    result = run_epoch(_batches(10), None, torch.device("cpu"), max_batches=3, sample_hz=0)
+    result = run_epoch(
+        _batches(10), None, EpochSettings(torch.device("cpu"), max_batches=3, sample_hz=0)
+    )
     assert result.times.batches == 3 and result.times.samples_seen == 48
 
 
@@ -66,7 +72,7 @@ def test_steady_rate_leaves_out_the_warmup():
                 time.sleep(0.2)
             yield batch
 
-    times = run_epoch(build, None, torch.device("cpu"), sample_hz=0).times
+    times = run_epoch(build, None, CPU).times
     assert times.warmup_batches == 2
     assert times.time_to_first_batch_s >= 0.2
     assert times.steady_images_per_s > 3 * times.images_per_s
@@ -135,3 +141,44 @@ def test_compute_ceiling_loader_runs_without_files(make_cfg):
     assert metrics["samples_seen"] == 120
     assert "order_corr" not in metrics  # no real samples to order
     assert "cache_resident_frac" not in metrics
+
+
+class _FakeEvent:
+    """A CUDA event's timing interface, on a clock the test sets."""
+
+    def __init__(self, clock: list[float]) -> None:
+        self.clock = clock
+
+    def record(self) -> None:
+        self.at = self.clock[0]
+
+    def elapsed_time(self, end: _FakeEvent) -> float:
+        return (end.at - self.at) * 1000.0  # milliseconds, as CUDA reports
+
+
+def test_device_busy_adds_up_the_steps_it_timed():
+    clock = [0.0]
+    busy = DeviceBusy("cuda", new_event=lambda: _FakeEvent(clock))
+    for start, length in [(0.0, 0.25), (1.0, 0.5), (3.0, 0.25)]:  # idle gaps between steps
+        clock[0] = start
+        with busy.step():
+            clock[0] = start + length
+    metrics = busy.metrics(epoch_time_s=4.0)
+    assert metrics["gpu_busy_s"] == pytest.approx(1.0)
+    assert metrics["gpu_busy_frac"] == pytest.approx(0.25)
+    assert metrics["gpu_idle_s"] == pytest.approx(3.0)
+    assert DeviceBusy(torch.device("cpu")).metrics(4.0) == {}  # no CUDA: nothing recorded
+
+
+def test_host_only_hands_batches_over_unfinished():
+    # uint8 batches whose crop offsets lie outside the image: finishing them would fail.
+    def build():
+        for index in range(3):
+            ids = torch.arange(index * 4, index * 4 + 4)
+            images = torch.zeros(4, 112, 112, 3, dtype=torch.uint8)
+            yield Batch(images, ids % 3, ids, torch.full((4, 2), 500))
+
+    result = run_epoch(build, None, EpochSettings(torch.device("cpu"), sample_hz=0, host_only=True))
+    assert result.times.samples_seen == 12
+    with pytest.raises((RuntimeError, ValueError, IndexError)):
+        run_epoch(build, None, CPU)

@@ -1,26 +1,52 @@
-"""What every loader receives, and the DataLoader settings they share."""
+"""What every loader receives and yields, and the DataLoader settings they share."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    IterableDataset,
+    Sampler,
+    default_collate,
+)
 
 from facebench.config import LoaderConfig
-from facebench.data.batch_transforms import crop_batch, crop_offsets, normalize_batch
+from facebench.data.batch_transforms import crop_offsets
 from facebench.data.sources import LabelSpace, Record
 from facebench.data.transforms import CROP, RESIZE
 from facebench.distributed import World
 from facebench.resources import WORKER_OWN_BYTES, batch_bytes
 
-# (images, labels, sample ids): ids are canonical positions (see data.sample_index), or None for
-# loaders with no real samples.
-Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+
+class Batch(NamedTuple):
+    """A batch as a loader hands it over: exactly what a GPU run copies to the device.
+
+    images: finished (n, 3, 100, 100) float32, or, when `offsets` is given, (n, 112, 112, 3)
+    uint8 that the device still crops (at `offsets`) and normalizes (facebench.finish): a quarter
+    of the bytes cross between processes and over the bus, and the arithmetic runs where it is
+    cheapest. ids: each sample's canonical position (data.sample_index), None where there are
+    no real samples. jpegs: CelebA JPEGs left encoded for the GPU to decode, as (concatenated
+    bytes, (2, k) lengths and slots in the batch).
+    """
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    ids: torch.Tensor | None
+    offsets: torch.Tensor | None = None
+    jpegs: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+def collate_samples(samples: list[tuple]) -> Batch:
+    """(image, label, id) samples -> one finished Batch (the DataLoader's collate_fn)."""
+    return Batch(*default_collate(samples))
 
 
 @dataclass
@@ -79,6 +105,8 @@ def data_loader(
     extra: dict[str, Any] = {}
     if ctx.n_workers > 0:
         extra["prefetch_factor"] = ctx.options.prefetch_factor
+    if not batched:
+        extra["collate_fn"] = collate_samples
     return DataLoader(
         dataset,
         batch_size=None if batched else ctx.batch_size,
@@ -98,16 +126,6 @@ def worker_memory(ctx: LoaderContext, finished: bool = True, held: int = 0) -> i
     shape = (3, *CROP) if finished else (*RESIZE, 3)
     ready = ctx.options.prefetch_factor * batch_bytes(ctx.batch_size, shape, finished)
     return WORKER_OWN_BYTES + ready + held
-
-
-def finish_on_device(batches: Iterable, device: torch.device) -> Iterator[Batch]:
-    """Move (uint8 images, labels, ids, crop offsets) batches to the device, then crop and
-    normalize them there: a quarter of the bytes of float cross the bus, and the GPU does the
-    arithmetic."""
-    for images, labels, ids, offsets in batches:
-        images = images.to(device, non_blocking=True)
-        offsets = offsets.to(device, non_blocking=True)
-        yield normalize_batch(crop_batch(images, offsets)), labels, ids
 
 
 def usable(records: list[Record], ctx: LoaderContext) -> list[Record]:
@@ -144,16 +162,7 @@ def batch_offsets(crop: str, epoch_seed: int, ids: torch.Tensor) -> torch.Tensor
 
 
 def uint8_batch(
-    images: torch.Tensor,
-    labels: torch.Tensor,
-    ids: torch.Tensor,
-    crop: str,
-    normalize: bool,
-    epoch_seed: int,
-) -> tuple[torch.Tensor, ...]:
-    """A (n, 112, 112, 3) uint8 batch, finished here (random crop and normalize, on the CPU) or
-    left for finish_on_device with its crop offsets drawn now."""
-    offsets = batch_offsets(crop, epoch_seed, ids)
-    if normalize:
-        return normalize_batch(crop_batch(images, offsets)), labels, ids
-    return images, labels, ids, offsets
+    images: torch.Tensor, labels: torch.Tensor, ids: torch.Tensor, crop: str, epoch_seed: int
+) -> Batch:
+    """A (n, 112, 112, 3) uint8 batch with its crop offsets, drawn now, for the device to finish."""
+    return Batch(images, labels, ids, batch_offsets(crop, epoch_seed, ids))

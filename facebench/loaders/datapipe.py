@@ -95,7 +95,7 @@ class ImageBatchLoader(IterDataPipe):
             images = torch.stack([self.transform(open_sample(p, s)) for p, _, s, _ in records])
             labels = torch.tensor([label for _, label, _, _ in records])
             ids = torch.tensor([sample_id for _, _, _, sample_id in records])
-            yield images, labels, ids
+            yield Batch(images, labels, ids)
 
 
 def build_datapipe(ctx: LoaderContext) -> IterDataPipe:

@@ -8,7 +8,8 @@ Batches of sample indices are formed first and each worker loads a whole batch, 
 per batch crosses between processes, as with DataLoader workers; mapping single samples would send
 one per image. Workers are processes by default (`loader.method=thread` for threads: PIL and
 torchvision.io release the GIL while decoding). decoder=torchvision decodes with torchvision.io
-into uint8 and normalizes whole batches; decoder=pil runs the seed's PIL transform per sample.
+into uint8 batches, which the device crops and normalizes whole (facebench.finish); decoder=pil
+runs the seed's PIL transform per sample.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ from facebench.loaders.base import (
     LoaderContext,
     batch_rng,
     distributed_sampler,
-    finish_on_device,
     uint8_batch,
     usable,
 )
@@ -75,16 +75,13 @@ class ToRecords:
 class LoadBatch:
     """(index, record) pairs -> (images, labels, ids); picklable for process workers."""
 
-    def __init__(
-        self, decoder: str, transform: Callable, crop: str, normalize: bool, epoch_seed: int
-    ) -> None:
+    def __init__(self, decoder: str, transform: Callable, crop: str, epoch_seed: int) -> None:
         self.epoch_seed = epoch_seed
         self.decoder = decoder
         self.transform = transform
         self.crop = crop
-        self.normalize = normalize
 
-    def __call__(self, batch: list[tuple[int, Record]]) -> tuple:
+    def __call__(self, batch: list[tuple[int, Record]]) -> Batch:
         chosen = [record for _, record in batch]
         labels = torch.tensor([r.label for r in chosen])
         ids = torch.tensor([i for i, _ in batch])
@@ -92,9 +89,9 @@ class LoadBatch:
             # RandomCrop draws from torch's global generator, which forked workers share.
             torch.manual_seed(int(batch_rng(self.epoch_seed, ids).integers(2**62)))
             images = [self.transform(open_sample(r.path, r.source)) for r in chosen]
-            return torch.stack(images), labels, ids
+            return Batch(torch.stack(images), labels, ids)
         images = torch.stack([decode_resized(_read(r.path), r.source, r.path) for r in chosen])
-        return uint8_batch(images, labels, ids, self.crop, self.normalize, self.epoch_seed)
+        return uint8_batch(images, labels, ids, self.crop, self.epoch_seed)
 
 
 def _read(path: str) -> bytes:
@@ -103,8 +100,7 @@ def _read(path: str) -> bytes:
 
 
 def worker_memory(ctx: LoaderContext) -> int:
-    finished = ctx.device.type != "cuda" or ctx.options.decoder == "pil"
-    return base.worker_memory(ctx, finished=finished)
+    return base.worker_memory(ctx, finished=ctx.options.decoder == "pil")
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:
@@ -112,7 +108,6 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
     # Listed inside the clock, as loader=dataset does: the same start-up work.
     records = usable(celeba_records(ctx.data_root, ctx.labels), ctx)
     records += usable(digiface_records(ctx.data_root, ctx.labels), ctx)
-    on_gpu = ctx.device.type == "cuda"
     if ctx.world.distributed:
         sampler = distributed_sampler(range(len(records)), ctx)
     else:
@@ -121,9 +116,9 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
     node = SamplerWrapper(sampler)
     node = Batcher(node, batch_size=ctx.batch_size, drop_last=True)
     node = Mapper(node, map_fn=ToRecords(records))
-    load = LoadBatch(
-        options.decoder, ctx.transform, options.crop, not on_gpu, ctx.epoch_seed() + ctx.world.rank
-    )
+    # The ranks share the shuffle's seed; their crops must differ.
+    crop_seed = ctx.epoch_seed() + ctx.world.rank
+    load = LoadBatch(options.decoder, ctx.transform, options.crop, crop_seed)
     if ctx.n_workers > 0:
         node = ParallelMapper(
             node, map_fn=load, num_workers=ctx.n_workers, method=options.method, in_order=True
@@ -134,10 +129,7 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
     if ctx.pin_memory:
         node = PinMemory(node)
     node = Prefetcher(node, prefetch_factor=ctx.options.prefetch_factor)
-    loader = Watched(Loader(node), mapper) if ctx.n_workers > 0 else Loader(node)
-    if on_gpu and options.decoder == "torchvision":
-        return finish_on_device(loader, ctx.device)
-    return loader
+    return Watched(Loader(node), mapper) if ctx.n_workers > 0 else Loader(node)
 
 
 class Watched:

@@ -31,7 +31,7 @@ class SameBatch:
 
     def __iter__(self) -> Iterator[Batch]:
         for _ in range(self.n_batches):
-            yield self.images, self.labels, None
+            yield Batch(self.images, self.labels, None)
 
 
 def build(ctx: LoaderContext) -> SameBatch:

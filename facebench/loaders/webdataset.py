@@ -6,16 +6,17 @@ pickle loader does), each worker streams its tars sequentially, shuffles samples
 `shuffle_buffer`, decodes and batches them. Sequential reads of large files instead of random
 access to small ones is what it brings; the decoding cost stays.
 
-decoder=torchvision (the default) decodes with torchvision.io into uint8 and normalizes whole
-batches; decoder=pil runs the seed's per-sample PIL transform. device_decode=true (CUDA only)
-sends CelebA's JPEG bytes to the main process and decodes them in batches on the GPU with
-nvJPEG; PNGs are decoded in the workers either way. On a CPU device it is ignored, with a warning.
+decoder=torchvision (the default) decodes with torchvision.io into uint8 batches, which the
+device crops and normalizes whole (facebench.finish); decoder=pil runs the seed's per-sample PIL
+transform. device_decode=true (CUDA only) sends CelebA's JPEG bytes to the main process, to be
+decoded in batches on the GPU with nvJPEG; PNGs are decoded in the workers either way. On a CPU
+device it is ignored, with a warning.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,8 +25,7 @@ import torch
 import webdataset as wds
 
 from facebench.config import LoaderConfig
-from facebench.data.batch_transforms import crop_batch, normalize_batch
-from facebench.data.fast_decode import decode_resized, jpeg_components, resize_sample
+from facebench.data.fast_decode import decode_resized, jpeg_components
 from facebench.data.images import decode_sample
 from facebench.data.sources import CELEBA, DIGIFACE
 from facebench.data.transforms import RESIZE
@@ -36,7 +36,6 @@ from facebench.loaders.base import (
     LoaderContext,
     batch_offsets,
     data_loader,
-    finish_on_device,
     uint8_batch,
 )
 from facebench.loaders.shardsets import ShardGuard, ensure_loader_shards, trusted_manifest
@@ -144,27 +143,26 @@ class ReadFailure:
 
 
 class Collate:
-    """A list of decoded samples -> one batch, cropped and normalized where that belongs."""
+    """A list of decoded samples -> one Batch: finished (pil), or uint8 with crop offsets and,
+    with device_decode, the JPEGs still encoded."""
 
-    def __init__(
-        self, decoder: str, crop: str, normalize: bool, keep_jpeg: bool, epoch_seed: int
-    ) -> None:
+    def __init__(self, decoder: str, crop: str, keep_jpeg: bool, epoch_seed: int) -> None:
         self.epoch_seed = epoch_seed
         self.decoder = decoder
         self.crop = crop
-        self.normalize = normalize
         self.keep_jpeg = keep_jpeg
 
-    def __call__(self, samples: list[tuple]) -> tuple:
+    def __call__(self, samples: list[tuple]) -> Batch:
         labels = torch.tensor([label for _, label, _ in samples])
         ids = torch.tensor([sample_id for _, _, sample_id in samples])
         if self.decoder == "pil":
-            return torch.stack([image for image, _, _ in samples]), labels, ids
+            return Batch(torch.stack([image for image, _, _ in samples]), labels, ids)
         if self.keep_jpeg:
+            images, packed, index = _pack_jpegs(samples)
             offsets = batch_offsets(self.crop, self.epoch_seed, ids)
-            return (*_pack_jpegs(samples), labels, ids, offsets)
+            return Batch(images, labels, ids, offsets, (packed, index))
         images = torch.stack([image for image, _, _ in samples])
-        return uint8_batch(images, labels, ids, self.crop, self.normalize, self.epoch_seed)
+        return uint8_batch(images, labels, ids, self.crop, self.epoch_seed)
 
 
 def _pack_jpegs(samples: list[tuple]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -185,26 +183,11 @@ def _pack_jpegs(samples: list[tuple]) -> tuple[torch.Tensor, torch.Tensor, torch
     return images, packed, torch.tensor([lengths, slots], dtype=torch.int64).reshape(2, -1)
 
 
-def decode_jpegs_on_device(batches: Iterable, device: torch.device) -> Iterator[Batch]:
-    """Finish batches whose CelebA JPEGs are still encoded: decode on the GPU, crop, normalize."""
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    for images, packed, jpeg_index, labels, ids, offsets in batches:
-        images = images.to(device, non_blocking=True)
-        lengths, slots = jpeg_index.tolist()
-        if lengths:
-            encoded = list(torch.split(packed, lengths))
-            decoded = decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device)
-            images[slots] = torch.stack([resize_sample(image, CELEBA) for image in decoded])
-        offsets = offsets.to(device, non_blocking=True)
-        yield normalize_batch(crop_batch(images, offsets)), labels, ids
-
-
 _ENCODED_SAMPLE_BYTES = 32 * 2**10  # a sample waiting in the shuffle buffer, still encoded
 
 
 def worker_memory(ctx: LoaderContext) -> int:
-    finished = ctx.device.type != "cuda" or ctx.options.decoder == "pil"
+    finished = ctx.options.decoder == "pil"
     held = ctx.options.shuffle_buffer * _ENCODED_SAMPLE_BYTES
     return base.worker_memory(ctx, finished=finished, held=held)
 
@@ -221,8 +204,9 @@ def before_epoch(ctx: LoaderContext) -> dict[str, float]:
 def build(ctx: LoaderContext) -> Iterable[Batch]:
     options: Options = ctx.options
     manifest = trusted_manifest(ctx)
-    on_gpu = ctx.device.type == "cuda"
-    keep_jpeg = options.device_decode and on_gpu and options.decoder == "torchvision"
+    keep_jpeg = (
+        options.device_decode and ctx.device.type == "cuda" and options.decoder == "torchvision"
+    )
     # A new shard order each epoch, drawn in the main process so all workers agree on it before
     # split_by_worker hands each its share.
     seed = ctx.epoch_seed()  # the same on every rank: they agree on the order, then split it
@@ -242,15 +226,9 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
         ),
         wds.batched(
             ctx.batch_size,
-            collation_fn=Collate(
-                options.decoder, options.crop, not on_gpu, keep_jpeg, seed + ctx.world.rank
-            ),
+            # The ranks share the shuffle's seed; their crops must differ.
+            collation_fn=Collate(options.decoder, options.crop, keep_jpeg, seed + ctx.world.rank),
             partial=False,
         ),
     )
-    loader = data_loader(pipeline, ctx, shuffle=False, batched=True)
-    if keep_jpeg:
-        return decode_jpegs_on_device(loader, ctx.device)
-    if on_gpu and options.decoder == "torchvision":
-        return finish_on_device(loader, ctx.device)
-    return loader
+    return data_loader(pipeline, ctx, shuffle=False, batched=True)

@@ -10,6 +10,7 @@ nothing is loaded whole and nothing executes code: this is a format that is safe
 from __future__ import annotations
 
 import io
+import os
 
 import numpy as np
 from torchvision.transforms import functional
@@ -39,12 +40,23 @@ def estimate_bytes(sizes: list[int], records: list[Record]) -> list[float]:
     return [128 + size * int(np.prod(SHAPE)) for size in sizes]
 
 
-def open_shard(path: str) -> np.ndarray:
-    """The shard's images, memory-mapped read-only (pickled objects are refused)."""
-    try:
-        images = np.load(path, mmap_mode="r", allow_pickle=False)
-    except ValueError as error:
-        raise ShardError(f"{path}: not a raw shard ({error}); rebuild with prepare.py") from None
-    if images.dtype != np.uint8 or images.shape[1:] != SHAPE:
-        raise ShardError(f"{path}: holds {images.dtype} {images.shape}, not images; rebuild")
-    return images
+def data_offset(fd: int, path: str) -> int:
+    """Where the images start in an open shard file, after checking its .npy header says
+    (n, 112, 112, 3) uint8 in C order (pickled objects are refused)."""
+    with os.fdopen(os.dup(fd), "rb") as file:
+        file.seek(0)
+        try:
+            version = np.lib.format.read_magic(file)
+            read_header = (
+                np.lib.format.read_array_header_1_0
+                if version == (1, 0)
+                else np.lib.format.read_array_header_2_0
+            )
+            shape, fortran, dtype = read_header(file)
+        except ValueError as error:
+            raise ShardError(
+                f"{path}: not a raw shard ({error}); rebuild with prepare.py"
+            ) from None
+        if dtype != np.uint8 or tuple(shape[1:]) != SHAPE or fortran:
+            raise ShardError(f"{path}: holds {dtype} {shape}, not images; rebuild")
+        return file.tell()
