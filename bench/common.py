@@ -63,12 +63,27 @@ def machine() -> str:
                 break
     except OSError:
         cpu = platform.processor() or cpu
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    gpu = gpus() if torch.cuda.is_available() else "no GPU"
     memory = psutil.virtual_memory().total / 2**30
     return (
         f"{cpu}, {os.cpu_count()} cores, {memory:.0f} GiB RAM, {gpu}; "
         f"torch {torch.__version__}, Python {platform.python_version()}"
     )
+
+
+def gpus() -> str:
+    """'1 x NVIDIA H200 (driver 570.x, CUDA 13.0)'."""
+    count = torch.cuda.device_count()
+    name = torch.cuda.get_device_name(0)
+    driver = "driver unknown"
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        driver = f"driver {pynvml.nvmlSystemGetDriverVersion()}"
+    except Exception:  # no NVML library here: the driver goes unnamed
+        pass
+    return f"{count} x {name} ({driver}, CUDA {torch.version.cuda})"
 
 
 def stamp() -> str:

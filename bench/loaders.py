@@ -14,6 +14,7 @@ CPU shows how far below any loader the model trains.
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import tempfile
 
@@ -25,24 +26,34 @@ LOADERS = ["dataset", "datapipe", "pickle", "raw", "webdataset", "nodes"]
 def crop_normalize_limit(batch_size: int, seconds: float = 3.0) -> float:
     """Images/s at which this machine crops and normalizes uint8 batches already in memory.
 
-    Whatever a loader does before, a CPU device still needs this step, so no loader that
-    delivers ready batches to a CPU device can beat it. Uses torch's threads (all cores).
+    The same code as a CPU device's runs (facebench.finish: threads ahead of the loop, one per
+    core), on one batch handed over again and again. Whatever a loader does before, a CPU device
+    still needs this step, so no loader that hands over uint8 batches can beat it there.
     """
+    import itertools
     import time
 
     import numpy as np
     import torch
 
-    from facebench.data.batch_transforms import crop_batch, crop_offsets, normalize_batch
+    from facebench.data.batch_transforms import crop_offsets
+    from facebench.finish import finished_ahead_on_cpu
+    from facebench.loaders.base import Batch
+    from facebench.resources import usable_cores
 
     rng = np.random.default_rng(0)
     images = torch.randint(0, 256, (batch_size, 112, 112, 3), dtype=torch.uint8)
     offsets = torch.from_numpy(crop_offsets(batch_size, "random", rng))
-    normalize_batch(crop_batch(images, offsets))  # warm-up
-    done, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        normalize_batch(crop_batch(images, offsets))
+    labels = torch.zeros(batch_size, dtype=torch.int64)
+    batch = Batch(images, labels, labels, offsets)
+    done, start = 0, None
+    for _ in finished_ahead_on_cpu(itertools.repeat(batch), usable_cores()):
+        if start is None:  # the first batch starts the threads and touches the buffers
+            start = time.perf_counter()
+            continue
         done += batch_size
+        if time.perf_counter() - start >= seconds:
+            break
     return done / (time.perf_counter() - start)
 
 
@@ -54,6 +65,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--loaders", nargs="+", default=LOADERS)
     parser.add_argument("--workers", nargs="+", type=int, default=[0, 2])
     parser.add_argument("--caches", nargs="+", default=["warm", "cold"])
+    parser.add_argument(
+        "--host-only",
+        nargs="+",
+        default=["false"],
+        choices=["false", "true"],
+        help="true: stop where a GPU run hands the batch to the device (host_only=true)",
+    )
     parser.add_argument("--batch-size", type=int, default=600)
     parser.add_argument("--model", default="none")
     parser.add_argument("--ceiling-models", nargs="*", default=["resnet18", "resnet50"])
@@ -70,44 +88,48 @@ def main(argv: list[str] | None = None) -> None:
         f"data.n_images={args.n_images}",
         *args.extra,
     ]
-    rows, baseline = [], {}
+    rows, baseline, rates = [], {}, []
     with tempfile.TemporaryDirectory() as scratch:
-        for cache in args.caches:
-            for workers in args.workers:
-                for loader in args.loaders:
-                    m = run_train(
-                        scratch,
-                        [
-                            f"loader={loader}",
-                            f"n_workers={workers}",
-                            f"cache={cache}",
-                            f"model={args.model}",
-                            f"repeat={args.repeat}",
-                            *common,
-                        ],
-                    )
-                    rate = m["images_per_s_median"]
-                    if loader == "dataset":
-                        baseline[(cache, workers)] = rate
-                    base = baseline.get((cache, workers))
-                    rows.append(
-                        [
-                            loader,
-                            str(workers),
-                            cache,
-                            f"{rate:,.0f}",
-                            f"{m['steady_images_per_s_median']:,.0f}",
-                            f"{rate / base:.2f}x" if base else "",
-                            f"{m['time_to_first_batch_s_median']:.2f}",
-                            f"{m['data_wait_frac_median']:.2f}",
-                            f"{m['peak_rss_mb']:,.0f}",
-                            f"{m['peak_mem_added_mb']:,.0f}",
-                            f"{m.get('read_mb', float('nan')):,.0f}",
-                            f"{m.get('cpu_util_mean', float('nan')):.0f}",
-                            f"{m['order_corr']:.3f}" if "order_corr" in m else "",
-                            f"{m['cache_resident_frac']:.2f}" if "cache_resident_frac" in m else "",
-                        ]
-                    )
+        for cache, host_only, workers in itertools.product(
+            args.caches, args.host_only, args.workers
+        ):
+            for loader in args.loaders:
+                m = run_train(
+                    scratch,
+                    [
+                        f"loader={loader}",
+                        f"n_workers={workers}",
+                        f"cache={cache}",
+                        f"model={args.model}",
+                        f"repeat={args.repeat}",
+                        f"host_only={host_only}",
+                        *common,
+                    ],
+                )
+                rate = m["images_per_s_median"]
+                rates.append((loader, workers, host_only, cache, rate))
+                if loader == "dataset":
+                    baseline[(cache, host_only, workers)] = rate
+                base = baseline.get((cache, host_only, workers))
+                rows.append(
+                    [
+                        loader,
+                        str(workers),
+                        "yes" if host_only == "true" else "no",
+                        cache,
+                        f"{rate:,.0f}",
+                        f"{m['steady_images_per_s_median']:,.0f}",
+                        f"{rate / base:.2f}x" if base else "",
+                        f"{m['time_to_first_batch_s_median']:.2f}",
+                        f"{m['data_wait_frac_median']:.2f}",
+                        f"{m['peak_rss_mb']:,.0f}",
+                        f"{m['peak_mem_added_mb']:,.0f}",
+                        f"{m.get('read_mb', float('nan')):,.0f}",
+                        f"{m.get('cpu_util_mean', float('nan')):.0f}",
+                        f"{m['order_corr']:.3f}" if "order_corr" in m else "",
+                        f"{m['cache_resident_frac']:.2f}" if "cache_resident_frac" in m else "",
+                    ]
+                )
         ceilings = [
             [model, f"{m['images_per_s']:,.1f}", f"{m['steady_images_per_s']:,.1f}"]
             for model in args.ceiling_models
@@ -127,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     header = [
         "loader",
         "workers",
+        "host only",
         "cache",
         "images/s",
         "steady images/s",
@@ -151,9 +174,15 @@ def main(argv: list[str] | None = None) -> None:
     limit = crop_normalize_limit(args.batch_size)
     text += (
         f"\nLimit on a CPU device: cropping and normalizing uint8 batches already in memory runs "
-        f"at {limit:,.0f} images/s here (all cores, one process); no loader can deliver ready "
-        "batches faster.\n"
+        f"at {limit:,.0f} images/s here (facebench's own finishing threads, all cores); no loader "
+        "that hands over uint8 batches can deliver finished ones faster."
     )
+    shares = [
+        f"{loader} (n_workers {workers}, {cache}) {100 * rate / limit:.0f}%"
+        for loader, workers, host_only, cache, rate in rates
+        if host_only == "false" and loader in ("raw", "webdataset", "nodes")
+    ]
+    text += f" Share of it reached: {'; '.join(shares)}.\n" if shares else "\n"
     if ceilings:
         text += (
             f"\nCompute ceilings (loader=synthetic: one batch on the device, no I/O; "
