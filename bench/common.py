@@ -86,6 +86,15 @@ def gpus() -> str:
     return f"{count} x {name} ({driver}, CUDA {torch.version.cuda})"
 
 
+def load_note() -> str:
+    """The machine's load as measurements start: another job sharing the cores moves ratios."""
+    try:
+        one_minute = float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return "load average unknown"
+    return f"1-minute load average {one_minute:.2f} as the runs began"
+
+
 def stamp() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
 

@@ -18,7 +18,7 @@ import itertools
 import sys
 import tempfile
 
-from common import machine, run_train, stamp, table, write_section
+from common import load_note, machine, run_train, stamp, table, write_section
 
 LOADERS = ["dataset", "datapipe", "pickle", "raw", "webdataset", "nodes"]
 
@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         f"data.n_images={args.n_images}",
         *args.extra,
     ]
+    load = load_note()
     rows, baseline, rates = [], {}, []
     with tempfile.TemporaryDirectory() as scratch:
         for cache, host_only, workers in itertools.product(
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
         f"### Loaders, model={args.model}, {args.n_images:,} synthetic images, "
         f"batch {args.batch_size}\n\n"
         f"{stamp()}; {machine()}. `{f'python bench/loaders.py {command}'.rstrip()}`; "
-        f"medians of {args.repeat} epochs per row (memory and CPU of the last).\n\n"
+        f"medians of {args.repeat} epochs per row (memory and CPU of the last); {load}.\n\n"
         + table(header, rows)
     )
     limit = crop_normalize_limit(args.batch_size)
