@@ -19,6 +19,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from facebench.app import configure
+from facebench.device import cpu_model
 from facebench.paths import PROJECT_ROOT
 
 BENCHMARKS_MD = PROJECT_ROOT / "docs" / "benchmarks.md"
@@ -55,14 +56,7 @@ def config(*overrides: str) -> DictConfig:
 
 
 def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        cpu = platform.processor() or cpu
+    cpu = cpu_model()
     gpu = gpus() if torch.cuda.is_available() else "no GPU"
     memory = psutil.virtual_memory().total / 2**30
     return (

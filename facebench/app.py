@@ -66,8 +66,9 @@ def run_job(task: Callable[..., T], cfg: DictConfig) -> T:
     install_process_handlers()
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     output_dir = Path(HydraConfig.get().runtime.output_dir)
+    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
-        return task(cfg, output_dir=output_dir, sweep_id=sweep_id())
+        return task(cfg, output_dir=output_dir, sweep_id=sweep_id(), multirun=multirun)
     except FacebenchError as error:
         log.error("%s", user_message(error))
         if HydraConfig.get().mode == RunMode.MULTIRUN and not distributed:

@@ -204,6 +204,11 @@ def validate(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key)
         if value is not None and value not in allowed:
             problems.append(f"{key}={value}: use one of {', '.join(allowed)}")
+    if OmegaConf.select(cfg, "loader.name") == "synthetic" and cfg.model.name == "none":
+        problems.append(
+            "loader=synthetic with model=none measures nothing: it hands the same batch, already "
+            "on the device, to no model. It is the compute ceiling: use it with a model"
+        )
     if OmegaConf.select(cfg, "host_only") and cfg.model.name != "none":
         problems.append(
             f"host_only=true measures the loader alone; it needs model=none (not "

@@ -5,10 +5,12 @@ from __future__ import annotations
 import platform
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from facebench.errors import ConfigError
+from facebench.resources import usable_cores
 
 
 def resolve_device(requested: str, local_rank: int = 0, distributed: bool = False) -> torch.device:
@@ -34,10 +36,44 @@ def resolve_device(requested: str, local_rank: int = 0, distributed: bool = Fals
     return device
 
 
+def cpu_model() -> str:
+    """The processor's name as the kernel reports it ('AMD EPYC 7B13'), or the machine type."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return platform.processor() or platform.machine() or "cpu"
+    return cpu_model()
+
+
+def hardware_tags(device: torch.device) -> dict[str, str]:
+    """What identifies the hardware a run measured: CPU model and cores, GPUs and driver."""
+    tags = {
+        "device_name": device_name(device),
+        "cpu": cpu_model(),
+        "cpu_cores": str(usable_cores()),
+        "gpu": "none",
+        "gpu_count": "0",
+    }
+    if torch.cuda.is_available():
+        tags["gpu"] = torch.cuda.get_device_name(0)
+        tags["gpu_count"] = str(torch.cuda.device_count())
+        tags["cuda"] = str(torch.version.cuda)
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            tags["gpu_driver"] = str(pynvml.nvmlSystemGetDriverVersion())
+        except Exception:  # no NVML library: the driver goes unnamed
+            pass
+    return tags
 
 
 def synchronize(device: torch.device) -> None:

@@ -3,11 +3,12 @@
     python -m facebench.report                  # the latest sweep
     python -m facebench.report --sweep 1a2b3c4d5e --with-seed
 
-Rows are n_workers, columns loaders; a cell holds epoch seconds and images/s (medians when the
-jobs were repeated) and, when the sweep ran loader=synthetic with the same settings, the share of
-that compute ceiling. Runs whose settings differ in anything but the loader and n_workers (model,
-batch size, cache, data, ...) go into separate tables. The table (Markdown) and the chart (PNG)
-are printed/written and logged as artifacts of a `report-<sweep id>` run.
+Rows are n_workers (ascending), columns loaders; a cell holds epoch seconds and images/s (medians
+when the jobs were repeated) and, when the sweep ran loader=synthetic with the same settings, the
+share of that compute ceiling. Runs whose settings differ in anything but the loader and n_workers
+(model, batch size, cache, data, host_only, ...) go into separate tables. --with-seed adds the
+article's own numbers as a table and a panel of their own. The table (Markdown) and the chart
+(PNG) are printed or written, and logged as a run of the `facebench-reports` experiment.
 """
 
 from __future__ import annotations
@@ -16,19 +17,21 @@ import argparse
 import logging
 import math
 import sys
+import textwrap
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from facebench.errors import FacebenchError
 from facebench.paths import PROJECT_ROOT
-from facebench.tracking import EXPERIMENT, check_server, tracking_uri
+from facebench.tracking import EXPERIMENT, REPORTS_EXPERIMENT, Tracker, check_server, tracking_uri
 
 log = logging.getLogger("facebench.report")
 
 # The article's table: one epoch of 922,599 images, batch 600, RTX 2080 Ti, i9-9900K.
 SEED_SECONDS = {
-    10: {"dataset": 3581, "datapipe": 7986, "pickle": 758},
     5: {"dataset": 10034, "datapipe": 2993, "pickle": 760},
+    10: {"dataset": 3581, "datapipe": 7986, "pickle": 758},
 }
 SEED_IMAGES = 922_599
 CEILING = "synthetic"
@@ -42,6 +45,7 @@ GROUP_PARAMS = (
     "amp",
     "batch_size",
     "cache",
+    "host_only",
     "device_type",
     "world_size",
     "epochs",
@@ -58,6 +62,10 @@ class Cell:
     repeats: int
 
 
+Table = dict[int, dict[str, Cell]]  # n_workers -> loader column -> cell
+Settings = tuple[tuple[str, str], ...]
+
+
 def _metric(run, name: str) -> float:
     metrics = run.data.metrics
     return metrics.get(f"{name}_median", metrics.get(name, math.nan))
@@ -70,14 +78,21 @@ def latest_sweep(runs) -> str | None:
     return None
 
 
-def tables(runs) -> dict[tuple, dict[int, dict[str, Cell]]]:
+def _measured(run) -> bool:
+    """Finished training runs that measured something (a ceiling without a model does not)."""
+    params = run.data.params
+    ceiling_without_model = params.get("loader") == CEILING and params.get("model") == "none"
+    return (
+        run.info.status == "FINISHED"
+        and run.data.tags.get(KIND_TAG) != "report"
+        and not ceiling_without_model
+    )
+
+
+def tables(runs) -> dict[Settings, Table]:
     """{settings: {n_workers: {loader column: cell}}} over the finished runs."""
-    grouped: dict[tuple, dict[int, dict[str, Cell]]] = defaultdict(lambda: defaultdict(dict))
-    runs = [
-        run
-        for run in runs
-        if run.info.status == "FINISHED" and run.data.tags.get(KIND_TAG) != "report"
-    ]
+    grouped: dict[Settings, Table] = defaultdict(lambda: defaultdict(dict))
+    runs = [run for run in runs if _measured(run)]
     varying = _varying_loader_options(runs)
     for run in runs:
         params = run.data.params
@@ -90,7 +105,7 @@ def tables(runs) -> dict[tuple, dict[int, dict[str, Cell]]]:
         column = _column(params, varying.get(params["loader"], ()))
         row = grouped[key][int(params["n_workers"])]
         if column in row:
-            raise SystemExit(
+            raise FacebenchError(
                 f"runs {run.info.run_name} and another share settings {dict(key)}, "
                 f"n_workers={params['n_workers']} and loader column {column!r}; they cannot "
                 "share one cell. Report them as separate sweeps (--sweep)"
@@ -131,33 +146,33 @@ def _ordered(loaders: set[str]) -> list[str]:
     return seed + sorted(loaders - set(seed))
 
 
-def render(settings: tuple, table: dict[int, dict[str, Cell]], with_seed: bool) -> str:
-    loaders = _ordered({loader for row in table.values() for loader in row if loader != CEILING})
+def _ceiling(table: Table) -> float | None:
     ceilings = [row[CEILING].images_per_s for row in table.values() if CEILING in row]
-    ceiling = max(ceilings) if ceilings else None
-    title = ", ".join(f"{name}={value}" for name, value in settings if value != "")
-    lines = [f"### {title}", ""]
+    return max(ceilings) if ceilings else None
+
+
+def title(settings: Settings) -> str:
+    return ", ".join(f"{name}={value}" for name, value in settings if value != "")
+
+
+def render(settings: Settings, table: Table) -> str:
+    """One settings group as a Markdown table: rows n_workers, columns loaders."""
+    loaders = _ordered({loader for row in table.values() for loader in row if loader != CEILING})
+    ceiling = _ceiling(table)
+    lines = [f"### {title(settings)}", ""]
     header = ["n workers", *loaders]
-    if with_seed:
-        header += [f"article {loader}, s" for loader in SEED_LOADERS]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for workers in sorted(table, reverse=True):
+    for workers in sorted(table):
         row = [str(workers)]
         for loader in loaders:
             cell = table[workers].get(loader)
             if cell is None:
-                row.append("")
+                row.append("not run")
                 continue
-            text = f"{cell.epoch_s:.1f} s, {cell.images_per_s:,.0f} img/s"
+            text = f"{cell.epoch_s:,.1f} s, {cell.images_per_s:,.0f} img/s"
             if ceiling:
                 text += f", {100 * cell.images_per_s / ceiling:.0f}% of ceiling"
             row.append(text)
-        if with_seed:
-            seed = SEED_SECONDS.get(workers, {})
-            row += [
-                f"{seed[name]:,}" if name in seed else ""
-                for name in ("dataset", "datapipe", "pickle")
-            ]
         lines.append("| " + " | ".join(row) + " |")
     notes = []
     if ceiling:
@@ -165,33 +180,85 @@ def render(settings: tuple, table: dict[int, dict[str, Cell]], with_seed: bool) 
     repeats = {cell.repeats for row in table.values() for cell in row.values()}
     if max(repeats, default=1) > 1:
         notes.append("Cells are medians over each job's measured epochs.")
-    if with_seed:
-        notes.append(
-            f"Article: one epoch of {SEED_IMAGES:,} images, batch 600, RTX 2080 Ti; seconds only."
-        )
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
 
-def chart(grouped: dict[tuple, dict[int, dict[str, Cell]]], path: Path) -> None:
+def render_article() -> str:
+    """The article's own numbers, as a table of their own."""
+    lines = [
+        "### The article: one epoch of 922,599 images, batch 600, RTX 2080 Ti, i9-9900K",
+        "",
+        "| n workers | " + " | ".join(SEED_LOADERS) + " |",
+        "|" + "---|" * (len(SEED_LOADERS) + 1),
+    ]
+    for workers in sorted(SEED_SECONDS):
+        cells = [
+            f"{SEED_SECONDS[workers][name]:,} s, {SEED_IMAGES / SEED_SECONDS[workers][name]:,.0f}"
+            " img/s"
+            for name in SEED_LOADERS
+        ]
+        lines.append(f"| {workers} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _article_table() -> Table:
+    return {
+        workers: {
+            name: Cell(seconds, SEED_IMAGES / seconds, 1) for name, seconds in loaders.items()
+        }
+        for workers, loaders in SEED_SECONDS.items()
+    }
+
+
+_COLOURS = ("dataset", "datapipe", "pickle", "raw", "webdataset", "nodes", "dali", "litdata")
+
+
+def _colour(column: str) -> str:
+    """A loader keeps its colour in every panel and chart."""
+    name = column.split(" (")[0]
+    return f"C{_COLOURS.index(name) % 10}" if name in _COLOURS else "C9"
+
+
+def _panel(axis, table: Table, heading: str) -> None:
+    """Horizontal bars, grouped by n_workers (ascending, top down), each labelled with its
+    images/s; the compute ceiling is a line, not a bar."""
+    loaders = _ordered({loader for row in table.values() for loader in row if loader != CEILING})
+    labels, values, colors = [], [], []
+    for workers in sorted(table):
+        for loader in loaders:
+            if loader in table[workers]:
+                labels.append(f"{loader}, {workers} workers")
+                values.append(table[workers][loader].images_per_s)
+                colors.append(_colour(loader))
+    positions = list(range(len(values)))[::-1]
+    bars = axis.barh(positions, values, color=colors)
+    axis.bar_label(bars, labels=[f"{value:,.0f}" for value in values], padding=3, fontsize=8)
+    axis.set_yticks(positions, labels, fontsize=8)
+    ceiling = _ceiling(table)
+    if ceiling:
+        axis.axvline(ceiling, color="black", linestyle="--", linewidth=1)
+        axis.text(ceiling, len(values) - 0.7, f" compute ceiling\n {ceiling:,.0f}", fontsize=8)
+    axis.set_xlim(0, 1.18 * max([*values, ceiling or 0]))
+    axis.set_xlabel("images/s (whole epoch, start-up included)")
+    axis.set_title("\n".join(textwrap.wrap(heading, 90)), fontsize=9, loc="left")
+
+
+def chart(grouped: dict[Settings, Table], path: Path, with_seed: bool) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(len(grouped), 1, figsize=(8, 3.5 * len(grouped)), squeeze=False)
-    for axis, (settings, table) in zip(axes[:, 0], grouped.items(), strict=True):
-        loaders = _ordered({loader for row in table.values() for loader in row})
-        workers = sorted(table)
-        width = 0.8 / max(len(loaders), 1)
-        for offset, loader in enumerate(loaders):
-            values = [table[w][loader].images_per_s if loader in table[w] else 0 for w in workers]
-            positions = [i + offset * width for i in range(len(workers))]
-            axis.bar(positions, values, width, label=loader)
-        axis.set_xticks([i + width * (len(loaders) - 1) / 2 for i in range(len(workers))])
-        axis.set_xticklabels([f"{w} workers" for w in workers])
-        axis.set_ylabel("images/s")
-        axis.set_title(", ".join(f"{k}={v}" for k, v in settings if v != ""), fontsize=8)
-        axis.legend(fontsize=8)
+    panels = [(title(settings), table) for settings, table in grouped.items()]
+    if with_seed:
+        heading = "The article: 922,599 images, batch 600, RTX 2080 Ti (its seconds, as img/s)"
+        panels.append((heading, _article_table()))
+    heights = [1.2 + 0.28 * sum(len(row) for row in table.values()) for _, table in panels]
+    figure, axes = plt.subplots(
+        len(panels), 1, figsize=(10, sum(heights)), squeeze=False, height_ratios=heights
+    )
+    for axis, (heading, table) in zip(axes[:, 0], panels, strict=True):
+        _panel(axis, table, heading)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
@@ -204,27 +271,25 @@ def report(sweep: str | None, with_seed: bool, out: Path | None, log_artifacts: 
     mlflow.set_tracking_uri(tracking_uri())
     runs = mlflow.search_runs(experiment_names=[EXPERIMENT], output_format="list")
     if not runs:
-        raise SystemExit(f"no runs in experiment {EXPERIMENT!r} at {tracking_uri()}")
+        raise FacebenchError(f"no runs in experiment {EXPERIMENT!r} at {tracking_uri()}")
     sweep = sweep or latest_sweep(runs)
     chosen = [run for run in runs if run.data.tags.get("sweep_id") == sweep]
     grouped = tables(chosen)
     if not grouped:
-        raise SystemExit(f"sweep {sweep}: no finished runs at {tracking_uri()}")
-    text = f"## Sweep {sweep}\n\n" + "\n".join(
-        render(settings, table, with_seed) for settings, table in grouped.items()
-    )
+        raise FacebenchError(f"sweep {sweep}: no finished runs at {tracking_uri()}")
+    text = f"## Sweep {sweep}\n\n" + "\n".join(render(s, t) for s, t in grouped.items())
+    if with_seed:
+        text += "\n" + render_article()
     out = out or PROJECT_ROOT / "outputs" / "reports" / sweep
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text(text, encoding="utf-8")
-    chart(grouped, out / "report.png")
+    chart(grouped, out / "report.png", with_seed)
     if log_artifacts:
-        with mlflow.start_run(
-            experiment_id=chosen[0].info.experiment_id,
-            run_name=f"report-{sweep}",
-            tags={"sweep_id": sweep, KIND_TAG: "report"},
-        ):
-            mlflow.log_artifact(str(out / "report.md"))
-            mlflow.log_artifact(str(out / "report.png"))
+        tracker = Tracker(experiment=REPORTS_EXPERIMENT)
+        with tracker.run(f"report-{sweep}", {"sweep_id": sweep}, {KIND_TAG: "report"}):
+            tracker.log_artifact(out / "report.md")
+            tracker.log_artifact(out / "report.png")
+        log.warning("report run logged in experiment %r", REPORTS_EXPERIMENT)
     return text
 
 
@@ -243,8 +308,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--no-log", action="store_true", help="do not log a report run to MLflow")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
-    text = report(args.sweep, args.with_seed, args.out, log_artifacts=not args.no_log)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    try:
+        text = report(args.sweep, args.with_seed, args.out, log_artifacts=not args.no_log)
+    except FacebenchError as error:
+        raise SystemExit(str(error)) from None
     sys.stdout.write(text)
 
 

@@ -24,7 +24,7 @@ from facebench.data.check import usable_records
 from facebench.data.roots import data_root, shards_root
 from facebench.data.sources import LabelSpace, Record, read_records
 from facebench.data.transforms import seed_transform
-from facebench.device import Precision, device_name, resolve_device, resolve_precision
+from facebench.device import Precision, hardware_tags, resolve_device, resolve_precision
 from facebench.distributed import World, barrier, gather, join, whole_job, world_from_env
 from facebench.distributed import start as start_distributed
 from facebench.epoch import EpochSettings, run_epoch
@@ -34,7 +34,14 @@ from facebench.loaders.shardsets import ensure_loader_shards, shard_files
 from facebench.pagecache import prepare_cache, resident_fraction
 from facebench.paths import cache_dir
 from facebench.resources import check_workers
-from facebench.tracking import Tracker, flatten, git_commit, write_results
+from facebench.tracking import (
+    Tracker,
+    flatten,
+    git_commit,
+    tracking_uri,
+    ui_command,
+    write_results,
+)
 from facebench.training import Trainer, build_trainer
 
 log = logging.getLogger(__name__)
@@ -94,7 +101,7 @@ class Job:
 
     def tags(self, sweep_id: str | None) -> dict[str, str]:
         tags = {
-            "device_name": device_name(self.device),
+            **hardware_tags(self.device),
             "torch_version": torch.__version__,
             "git_commit": git_commit(),
         }
@@ -104,7 +111,10 @@ class Job:
 
 
 def run_training(
-    cfg: DictConfig, output_dir: Path | None = None, sweep_id: str | None = None
+    cfg: DictConfig,
+    output_dir: Path | None = None,
+    sweep_id: str | None = None,
+    multirun: bool = False,
 ) -> dict[str, float]:
     """Run the configured epochs `repeat` times; return the last epoch's metrics and summaries."""
     validate(cfg)
@@ -129,7 +139,22 @@ def run_training(
         if output_dir is not None:
             tracker.log_artifact(output_dir / "results.json")
             tracker.log_artifact(output_dir / ".hydra" / "config.yaml")
+    _say_where_to_compare(tracker, sweep_id if multirun else None)
     return results["metrics"]
+
+
+def _say_where_to_compare(tracker: Tracker, sweep_id: str | None) -> None:
+    """The MLflow UI's URLs that show this run's numbers beside the others'."""
+    if tracker.url() is None:
+        return
+    if sweep_id:
+        key, search = f"sweep-{sweep_id}", f"tags.sweep_id = '{sweep_id}'"
+        log.info("this sweep's runs side by side: %s", tracker.share_view(key, key, search))
+    else:
+        log.info("every run side by side: %s", tracker.url())
+    command = ui_command(tracking_uri())
+    if command:
+        log.info("(start the UI first: %s)", command)
 
 
 def _run(cfg: DictConfig, job: Job, tracker: Tracker, metrics: dict[str, float]) -> None:

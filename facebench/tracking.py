@@ -2,7 +2,9 @@
 
 The store is `sqlite:///<project root>/mlflow.db` whatever the working directory (a relative URI
 would give every Hydra job its own database); MLFLOW_TRACKING_URI overrides it. Artifacts go in a
-`mlruns/` folder beside the database.
+`mlruns/` folder beside the database. Training runs, and nothing else, go in `facebench`;
+reports and advice go in `facebench-reports`. Each experiment carries a shared view of the runs
+table (facebench.mlflow_views) whose URL opens the headline numbers side by side.
 """
 
 from __future__ import annotations
@@ -19,13 +21,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from facebench import mlflow_views as views
 from facebench.errors import TrackingError
 from facebench.paths import PROJECT_ROOT
 
 log = logging.getLogger(__name__)
 
 EXPERIMENT = "facebench"
+REPORTS_EXPERIMENT = "facebench-reports"
+ALL_RUNS_VIEW = "facebench"  # the shared view of every training run
 SYSTEM_METRICS_INTERVAL_S = 1
+_SIGNIFICANT_DIGITS = 6  # far finer than any measurement here repeats
 _PARAM_LIMIT = 6000  # MLflow's longest param value
 _SERVER_TIMEOUT_S = 5
 # MLflow retries a server that does not answer for minutes, with backoff; after the one quick
@@ -90,12 +96,28 @@ def git_commit() -> str:
     return result.stdout.strip() or "unknown"
 
 
+def rounded(value: float) -> float:
+    """A metric as facebench logs it: 6 significant digits, not 13 decimals of noise."""
+    return float(f"{value:.{_SIGNIFICANT_DIGITS}g}")
+
+
+def ui_address(uri: str) -> str:
+    """Where the MLflow UI for this store is: the server itself, or `mlflow ui`'s default."""
+    return uri.rstrip("/") if uri.startswith(("http://", "https://")) else views.UI_ADDRESS
+
+
+def ui_command(uri: str) -> str:
+    return "" if uri.startswith(("http://", "https://")) else f"mlflow ui --backend-store-uri {uri}"
+
+
 class Tracker:
     """The run of one job. `Tracker(enabled=False)` records nothing and costs nothing."""
 
-    def __init__(self, enabled: bool = True) -> None:
+    def __init__(self, enabled: bool = True, experiment: str = EXPERIMENT) -> None:
         self.enabled = enabled
+        self.experiment = experiment
         self.run_id: str | None = None
+        self.experiment_id: str | None = None
 
     @contextmanager
     def run(
@@ -119,7 +141,7 @@ class Tracker:
         try:
             with _store_lock(uri):
                 mlflow.set_tracking_uri(uri)
-                experiment_id = _experiment_id(mlflow, uri)
+                experiment_id = self.experiment_id = _experiment_id(mlflow, uri, self.experiment)
                 if system_metrics:
                     mlflow.set_system_metrics_sampling_interval(SYSTEM_METRICS_INTERVAL_S)
                     mlflow.set_system_metrics_samples_before_logging(1)
@@ -148,18 +170,39 @@ class Tracker:
             mlflow.end_run(status=status)
 
     def log_params(self, params: Mapping[str, Any]) -> None:
+        """Every param that has a value (an empty data.root says nothing)."""
         if not self.enabled:
             return
         import mlflow
 
-        mlflow.log_params({key: str(value)[:_PARAM_LIMIT] for key, value in params.items()})
+        mlflow.log_params(
+            {
+                key: str(value)[:_PARAM_LIMIT]
+                for key, value in params.items()
+                if value is not None and value != ""
+            }
+        )
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         if not self.enabled:
             return
         import mlflow
 
-        mlflow.log_metrics(dict(metrics), step=step)
+        mlflow.log_metrics({name: rounded(value) for name, value in metrics.items()}, step=step)
+
+    def share_view(self, key: str, title: str, search_filter: str) -> str | None:
+        """Publish a runs-table view of the runs `search_filter` selects; its URL."""
+        if not self.enabled or self.experiment_id is None:
+            return None
+        from mlflow import MlflowClient
+
+        views.publish(MlflowClient(), self.experiment_id, key, title, search_filter)
+        return views.runs_url(self.experiment_id, key, ui_address(tracking_uri()))
+
+    def url(self, key: str = ALL_RUNS_VIEW) -> str | None:
+        if not self.enabled or self.experiment_id is None:
+            return None
+        return views.runs_url(self.experiment_id, key, ui_address(tracking_uri()))
 
     def log_artifact(self, path: Path) -> None:
         if not self.enabled or not path.is_file():
@@ -191,18 +234,29 @@ def _store_lock(uri: str) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _experiment_id(mlflow: Any, uri: str) -> str:
-    experiment = mlflow.get_experiment_by_name(EXPERIMENT)
-    if experiment is not None:
-        return experiment.experiment_id
-    try:
-        return mlflow.create_experiment(EXPERIMENT, artifact_location=artifact_root(uri))
-    except Exception:
-        # Another job of the same sweep created it a moment ago.
-        experiment = mlflow.get_experiment_by_name(EXPERIMENT)
-        if experiment is None:
-            raise
-        return experiment.experiment_id
+def _experiment_id(mlflow: Any, uri: str, name: str = EXPERIMENT) -> str:
+    """The experiment's id, created the first time with the tags the UI needs."""
+    experiment = mlflow.get_experiment_by_name(name)
+    if experiment is None:
+        try:
+            mlflow.create_experiment(name, artifact_location=artifact_root(uri))
+        except Exception:
+            if mlflow.get_experiment_by_name(name) is None:
+                raise
+            # Another job of the same sweep created it a moment ago.
+        experiment = mlflow.get_experiment_by_name(name)
+    missing = {views.EXPERIMENT_KIND_TAG, views.SHARED_VIEW_TAG + ALL_RUNS_VIEW} - set(
+        experiment.tags
+    )
+    if missing:
+        client = mlflow.MlflowClient()
+        # The tag MLflow versions before 3.17 read to open the runs table, not the GenAI view.
+        client.set_experiment_tag(
+            experiment.experiment_id, views.EXPERIMENT_KIND_TAG, views.TRAINING_KIND
+        )
+        title = "every run" if name == EXPERIMENT else name
+        views.publish(client, experiment.experiment_id, ALL_RUNS_VIEW, title, "")
+    return experiment.experiment_id
 
 
 def write_results(path: Path, results: Mapping[str, Any]) -> None:

@@ -13,6 +13,7 @@ from omegaconf.errors import ValidationError
 
 from facebench.config import validate
 from facebench.errors import ConfigError
+from facebench.mlflow_views import read_view
 from facebench.paths import PROJECT_ROOT
 
 pytestmark = pytest.mark.slow
@@ -51,14 +52,26 @@ def test_one_run_is_recorded_with_metrics_params_and_tags(tmp_path, cache, isola
     assert run.info.run_name == "dataset-w1-bs16-fp32-resnet18"
     metrics = run.data.metrics
     assert metrics["samples_seen"] == 32
-    assert metrics["images_per_s"] == pytest.approx(32 / metrics["epoch_time_s"], rel=1e-6)
+    # Logged to 6 significant digits.
+    assert metrics["images_per_s"] == pytest.approx(32 / metrics["epoch_time_s"], rel=1e-5)
     assert metrics["loss_first"] > 0
     params = run.data.params
     assert params["loader"] == "dataset" and params["n_workers"] == "1"
     assert params["batch_size"] == "16" and params["amp"] == "fp32"
     assert params["data.n_images"] == "120" and params["device_type"] == "cpu"
+    assert "" not in params.values() and "data.root" not in params  # no empty params
     tags = run.data.tags
     assert tags["torch_version"] and tags["git_commit"] and tags["device_name"]
+    assert tags["cpu"] == tags["device_name"] and int(tags["cpu_cores"]) >= 1
+    assert tags["gpu"] == "none" and tags["gpu_count"] == "0"
+    # The experiment opens on the runs table, and a shared view shows the headline numbers.
+    experiment = mlflow.get_experiment(run.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    view = read_view(experiment.tags["mlflow.sharedViewState.facebench"])
+    assert "metrics.`images_per_s`" in view["selectedColumns"]
+    assert "params.`n_workers`" in view["selectedColumns"]
+    url = f"/#/experiments/{run.info.experiment_id}/runs?viewStateShareKey=facebench&"
+    assert url + "workflowType=machine_learning" in result.stdout + result.stderr
     # Artifacts land beside the store, not in the working directory's mlruns/.
     artifacts = Path(run.info.artifact_uri.removeprefix("file://"))
     assert artifacts.is_relative_to(tmp_path / "mlruns")
@@ -199,10 +212,16 @@ def test_the_seed_comparison_on_a_real_layout_tree(tmp_path, cache, isolated_env
     )
     assert report.returncode == 0, report.stderr
     text = report.stdout
-    assert "| n workers | dataset | datapipe | pickle | article dataset, s" in text
+    assert "| n workers | dataset | datapipe | pickle |" in text
     rows = [line for line in text.splitlines() if line.startswith(("| 2 |", "| 0 |"))]
-    assert len(rows) == 2 and all(line.count("img/s") == 3 for line in rows)
+    assert [row[:5] for row in rows] == ["| 0 |", "| 2 |"]  # workers in ascending order
+    assert all(line.count("img/s") == 3 for line in rows)
+    # The article's numbers as a table of their own, with no empty cell.
+    assert "### The article" in text and "| 5 | 10,034 s, 92 img/s |" in text
+    assert "| |" not in text and "|  |" not in text
     assert (tmp_path / "r" / "report.png").stat().st_size > 10_000
     assert (tmp_path / "r" / "report.md").read_text() == text
-    kinds = [r.data.tags.get("facebench.kind") for r in runs(tmp_path)]
-    assert kinds.count("report") == 1
+    # The report run sits apart from the training runs.
+    assert all(r.data.tags.get("facebench.kind") != "report" for r in runs(tmp_path))
+    reports = mlflow.search_runs(experiment_names=["facebench-reports"], output_format="list")
+    assert [r.info.run_name for r in reports] == [f"report-{recorded[0].data.tags['sweep_id']}"]

@@ -361,7 +361,10 @@ def _remove_shards(folder: Path) -> None:
 
 
 def run_prepare(
-    cfg: DictConfig, output_dir: Path | None = None, sweep_id: str | None = None
+    cfg: DictConfig,
+    output_dir: Path | None = None,
+    sweep_id: str | None = None,
+    multirun: bool = False,
 ) -> ShardSet:
     """prepare.py: build the shards for the configured data, or say they are up to date."""
     validate(cfg)
