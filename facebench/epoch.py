@@ -24,6 +24,8 @@ from facebench.resources import usable_cores
 from facebench.sampling import ResourceSampler
 from facebench.training import Trainer
 
+_MIN_BATCHES = 3  # a time-limited epoch still measures past its warm-up batch
+
 
 @dataclass
 class EpochResult:
@@ -57,6 +59,15 @@ class EpochSettings:
     loader_name: str = "loader"
     # Stop where a GPU run hands the batch over: no copy to the device, no finishing.
     host_only: bool = False
+    # Stop once this many seconds have passed (and a few batches are in); 0: no limit.
+    time_limit_s: float = 0.0
+
+    def enough(self, n_batches: int, elapsed_s: float) -> bool:
+        """Whether the epoch stops here, short of the loader's end."""
+        if self.max_batches and n_batches >= self.max_batches:
+            return True
+        timed_out = self.time_limit_s and elapsed_s >= self.time_limit_s
+        return bool(timed_out) and n_batches >= _MIN_BATCHES
 
 
 def run_epoch(
@@ -139,7 +150,7 @@ def _timed_epoch(
                         if trainer is not None:
                             seen.loss(trainer.step(images, labels))
                 bar.update(len(batch.labels))
-                if settings.max_batches and meter.n_batches >= settings.max_batches:
+                if settings.enough(meter.n_batches, meter.elapsed()):
                     break
                 asked_at = meter.waiting()
         times = meter.stop()

@@ -85,6 +85,9 @@ class EpochMeter:
     def n_batches(self) -> int:
         return len(self._sizes)
 
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._start
+
     def waiting(self) -> float:
         """Call just before `next(loader)`; pass the result to `batch`."""
         return time.perf_counter()

@@ -213,7 +213,7 @@ def _article_table() -> Table:
 _COLOURS = ("dataset", "datapipe", "pickle", "raw", "webdataset", "nodes", "dali", "litdata")
 
 
-def _colour(column: str) -> str:
+def loader_colour(column: str) -> str:
     """A loader keeps its colour in every panel and chart."""
     name = column.split(" (")[0]
     return f"C{_COLOURS.index(name) % 10}" if name in _COLOURS else "C9"
@@ -229,7 +229,7 @@ def _panel(axis, table: Table, heading: str) -> None:
             if loader in table[workers]:
                 labels.append(f"{loader}, {workers} workers")
                 values.append(table[workers][loader].images_per_s)
-                colors.append(_colour(loader))
+                colors.append(loader_colour(loader))
     positions = list(range(len(values)))[::-1]
     bars = axis.barh(positions, values, color=colors)
     axis.bar_label(bars, labels=[f"{value:,.0f}" for value in values], padding=3, fontsize=8)

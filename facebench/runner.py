@@ -166,7 +166,7 @@ def _run(cfg: DictConfig, job: Job, tracker: Tracker, metrics: dict[str, float])
         cfg, loader, data.root, data.records, data.labels, job.device, data.excluded, job.world
     )
     metrics.update(build_loader(cfg, loader, ctx, job.world))
-    trainer = _trainer(cfg, job, data.labels)
+    trainer = trainer_for(cfg, job, data.labels)
     log.info(
         "data %s (%d samples, %d classes), loader=%s, model=%s%s, %s on %s, cache=%s",
         data.root,
@@ -241,7 +241,7 @@ def build_loader(
     return metrics
 
 
-def _trainer(cfg: DictConfig, job: Job, labels: LabelSpace) -> Trainer | None:
+def trainer_for(cfg: DictConfig, job: Job, labels: LabelSpace) -> Trainer | None:
     if cfg.model.name == "none":
         return None
     return build_trainer(

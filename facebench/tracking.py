@@ -255,7 +255,9 @@ def _experiment_id(mlflow: Any, uri: str, name: str = EXPERIMENT) -> str:
             experiment.experiment_id, views.EXPERIMENT_KIND_TAG, views.TRAINING_KIND
         )
         title = "every run" if name == EXPERIMENT else name
-        views.publish(client, experiment.experiment_id, ALL_RUNS_VIEW, title, "")
+        views.publish(
+            client, experiment.experiment_id, ALL_RUNS_VIEW, title, "", views.NEWEST_FIRST
+        )
     return experiment.experiment_id
 
 

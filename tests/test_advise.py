@@ -1,0 +1,93 @@
+"""facebench.advise answers on a tiny synthetic set, and its reasoning holds on made-up numbers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from facebench.advise import Advice, Measured, shortfall, worker_counts
+from facebench.paths import PROJECT_ROOT
+
+
+def _advice(*measured: Measured, ceiling: float = 1000.0) -> Advice:
+    return Advice(
+        model="resnet50",
+        device="cuda:0",
+        ceiling=ceiling,
+        n_images=100_000,
+        n_sample=10_000,
+        measured=list(measured),
+        seconds=10.0,
+        budget_s=300.0,
+        counts=[1, 2, 4],
+    )
+
+
+def test_the_fewest_workers_that_keep_up_win():
+    slow = Measured("dataset", rates={1: 300.0, 2: 600.0, 4: 1150.0})
+    fast = Measured("raw", rates={1: 5000.0}, prepare_s=12.0, shard_bytes=2_000_000_000)
+    advice = _advice(slow, fast)
+    assert advice.verdict().startswith("Use loader=raw n_workers=1: it keeps resnet50")
+    assert "one epoch of 100,000 images in about 100 s" in advice.verdict()
+    assert "dataset (4)" in advice.verdict()
+    rows = {row[0]: row for row in advice.rows()}
+    # Build time and disk are scaled from the 10,000-image sample to the 100,000 images.
+    assert rows["raw"][5] == "120.0 s" and rows["raw"][6] == "20.0 GB"
+
+
+def test_a_loader_that_falls_short_says_why():
+    scales = Measured("dataset", rates={1: 100.0, 2: 200.0, 4: 400.0})
+    assert shortfall(scales, ceiling=1000.0, cores=4) == (
+        "about 100 images/s per worker: the device needs 10 workers, this machine has 4 cores"
+    )
+    flat = Measured("datapipe", rates={1: 300.0, 2: 320.0, 4: 310.0})
+    assert "does not scale with workers (300 images/s with 1, 320 at best with 2)" in shortfall(
+        flat, ceiling=1000.0, cores=4
+    )
+    advice = _advice(scales, flat)
+    assert advice.verdict().startswith("No loader keeps resnet50 on cuda:0 fed")
+    assert "the closest is dataset, at 40% with 4 workers" in advice.verdict()
+
+
+def test_worker_counts_double_up_to_the_cores(monkeypatch):
+    monkeypatch.setattr("facebench.advise.usable_cores", lambda: 16)
+    assert worker_counts("") == [1, 2, 4, 8, 16]
+    assert worker_counts("3,1") == [1, 3]
+
+
+@pytest.mark.slow
+def test_advise_answers_on_a_tiny_synthetic_set(tmp_path, cache, synthetic_root):
+    out = tmp_path / "advice"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "facebench.advise",
+            f"data.cache_dir={cache}",
+            "data.n_images=120",
+            "sample_images=60",  # measured on a sample, linked into the cache
+            "model=resnet18",
+            "amp=off",
+            "batch_size=8",
+            "shard_size=20",
+            "device=cpu",
+            "budget_s=90",
+            "tracking=false",
+            f"out={out}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=PROJECT_ROOT,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    text = (out / "advice.md").read_text()
+    assert text in result.stdout
+    assert "## facebench advise: resnet18 on cpu" in text
+    assert "Use loader=" in text or "No loader keeps" in text
+    assert "Measured on a sample of 60 images" in text and "Data: 120 images" in text
+    for loader in ("dataset", "datapipe", "pickle", "raw", "webdataset", "nodes"):
+        assert f"| {loader} | " in text, loader
+    assert (out / "advice.png").stat().st_size > 10_000
