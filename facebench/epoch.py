@@ -7,6 +7,7 @@ once, after the clock stops; the GPU's busy time comes from CUDA events read the
 from __future__ import annotations
 
 import gc
+import traceback
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -84,11 +85,16 @@ def run_epoch(
     # handler raises wherever the main thread is): the whole epoch is inside the translation.
     try:
         return _timed_epoch(build_loader, trainer, settings)
-    except (RuntimeError, OSError, EOFError) as error:
-        failure = explain(error, settings.loader_name)
+    except BaseException as error:
+        failure = explain(error, settings.loader_name) if isinstance(error, Exception) else None
+        previous = quiet_sigchld() if failure is not None else None
+        # The traceback holds the loader's iterator (in the frames it passed through). Let it go
+        # now, so that its workers are shut down here, by reference count, and not later by the
+        # garbage collector, which may finalize the iterator's queues first and then wait 5 s
+        # for each worker (a DataLoader that raised from a worker does).
+        traceback.clear_frames(error.__traceback__)
         if failure is None:
             raise
-        previous = quiet_sigchld()
     # Past the except block the error and its traceback are gone, and with them the last
     # references to the loader's iterator: its workers shut down now, while torch's SIGCHLD
     # handler (which would raise again, from wherever the main thread is) stays quiet.

@@ -54,6 +54,9 @@ def break_one(loader: str, mode: str, cache: str) -> None:
             # Forked workers share this process's command line; helpers such as
             # multiprocessing's resource tracker do not.
             workers = [c for c in me.children() if c.cmdline() == me.cmdline()]
+            if not workers:
+                print(f"{loader}: no worker processes to kill", flush=True)
+                return
             workers[0].kill()
         else:
             held = len(os.listdir("/proc/self/fd"))

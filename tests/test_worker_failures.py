@@ -76,7 +76,11 @@ def test_broken_workers_end_the_epoch_with_one_line(cache, mode):
     output = result.stdout + result.stderr[-3000:]
     lines = [line for line in result.stdout.splitlines() if line.startswith("LoaderFailure")]
     named = [line.split(":")[1].strip() for line in lines]
-    assert named == [f"loader={loader}" for loader in LOADERS], output
+    # raw's workers are threads of the loop's own process: no process to kill, no descriptor
+    # passed between processes; its epoch ends normally.
+    broken = [loader for loader in LOADERS if loader != "raw"]
+    assert named == [f"loader={loader}" for loader in broken], output
+    assert "raw: no error" in result.stdout
     for line in lines:
         if mode == "kill":
             assert "died" in line and "n_workers" in line, line
