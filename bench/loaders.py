@@ -20,7 +20,7 @@ import tempfile
 
 from common import load_note, machine, run_train, stamp, table, write_section
 
-LOADERS = ["dataset", "datapipe", "pickle", "raw", "webdataset", "nodes"]
+LOADERS = ["dataset", "datapipe", "pickle", "raw", "webdataset", "nodes", "dali", "litdata"]
 
 
 def crop_normalize_limit(batch_size: int, seconds: float = 3.0) -> float:
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     shares = [
         f"{loader} (n_workers {workers}, {cache}) {100 * rate / limit:.0f}%"
         for loader, workers, host_only, cache, rate in rates
-        if host_only == "false" and loader in ("raw", "webdataset", "nodes")
+        if host_only == "false" and loader in ("raw", "webdataset", "nodes", "dali", "litdata")
     ]
     text += f" Share of it reached: {'; '.join(shares)}.\n" if shares else "\n"
     if ceilings:

@@ -48,12 +48,16 @@ def break_one(loader: str, mode: str, cache: str) -> None:
     me = psutil.Process()
 
     def build():
+        # A previous loader's workers may still be on their way out: only this one's count.
+        before = {child.pid for child in me.children()}
         batches = iter(module.build(ctx))
         first = next(batches)
         if mode == "kill":
             # Forked workers share this process's command line; helpers such as
             # multiprocessing's resource tracker do not.
-            workers = [c for c in me.children() if c.cmdline() == me.cmdline()]
+            workers = [
+                c for c in me.children() if c.cmdline() == me.cmdline() and c.pid not in before
+            ]
             if not workers:
                 print(f"{loader}: no worker processes to kill", flush=True)
                 return

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from facebench import loaders
 from facebench.data.images import open_sample
 from facebench.data.sources import read_records
 from facebench.data.transforms import seed_transform
@@ -14,6 +15,10 @@ from facebench.finish import Finisher
 from facebench.loaders.base import Batch
 
 Samples = dict[int, tuple[torch.Tensor, int]]
+# Every loader that reads real samples (all but the compute ceiling).
+LOADERS = [name for name in loaders.names() if name != "synthetic"]
+# Loaders whose workers are threads of the loop's process (no worker process to lose).
+THREADED = ["raw", "dali"]
 
 
 def delivered(batches: Iterable[Batch], device: str = "cpu") -> Samples:

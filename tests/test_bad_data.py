@@ -17,8 +17,7 @@ from facebench import resources
 from facebench.errors import ConfigError, DataError, FacebenchError
 from facebench.paths import PROJECT_ROOT
 from facebench.runner import check_exactly_once, run_training
-
-LOADERS = ["dataset", "datapipe", "pickle", "raw", "webdataset", "nodes"]
+from tests.helpers import LOADERS
 
 
 def _celeba(n: int) -> dict[str, int]:
@@ -74,7 +73,7 @@ def test_missing_and_empty_files_are_named_before_any_work(make_cfg, damaged_tre
 
 
 @pytest.mark.parametrize(("damage", "says"), [("truncated", "000004.jpg"), ("text", "1/5.png")])
-@pytest.mark.parametrize("loader", ["dataset", "datapipe", "nodes", "webdataset", "pickle"])
+@pytest.mark.parametrize("loader", [x for x in LOADERS if x != "raw"])
 def test_undecodable_files_are_named_even_from_workers(
     make_cfg, tree_factory, damage, says, loader
 ):

@@ -11,9 +11,9 @@ import pytest
 
 from facebench.distributed import whole_job
 from facebench.paths import PROJECT_ROOT
+from tests.helpers import LOADERS
 
 pytestmark = pytest.mark.slow
-LOADERS = ["dataset", "datapipe", "pickle", "raw", "webdataset", "nodes"]
 
 
 def test_every_loader_splits_the_epoch_across_two_ranks(tmp_path, cache, isolated_env):

@@ -32,6 +32,8 @@ CASES = [
     ("webdataset", ("loader.decoder=pil",)),
     ("nodes", ("loader.decoder=torchvision",)),
     ("nodes", ("loader.decoder=pil",)),
+    ("dali", ()),
+    ("litdata", ()),
 ]
 
 

@@ -11,11 +11,13 @@ from facebench.loaders.base import LoaderContext
 from facebench.runner import before_epoch, loader_context, run_training
 from tests.helpers import assert_same_samples, delivered, expected
 
-EXACT = ["dataset", "datapipe", "pickle", "raw"]  # pixel for pixel the seed's preprocessing
-# torchvision.io + tensor resampling: the same decoders, resampling rounds a little differently.
-CLOSE = ["webdataset", "nodes"]
+# pixel for pixel the seed's preprocessing
+EXACT = ["dataset", "datapipe", "pickle", "raw", "litdata"]
+# torchvision.io + tensor resampling, or DALI's decoders and resize: the same libraries decode,
+# resampling rounds a little differently.
+CLOSE = ["webdataset", "nodes", "dali"]
 LOADERS = EXACT + CLOSE
-UINT8 = ["raw", "webdataset", "nodes"]  # the device crops and normalizes their batches
+UINT8 = ["raw", "webdataset", "nodes", "dali", "litdata"]  # the device finishes their batches
 TOLERANCE = 4 / 255 / 0.225  # four grey levels, in normalized units
 
 

@@ -42,7 +42,7 @@ from facebench.errors import ConfigError, ShardError
 from facebench.parallel import map_in_processes
 from facebench.paths import cache_dir
 from facebench.progress import progress
-from facebench.shards import pickle_format, raw_format, room, tar_format
+from facebench.shards import litdata_format, pickle_format, raw_format, room, tar_format
 from facebench.shards.manifest import (
     MANIFEST,
     Manifest,
@@ -55,7 +55,12 @@ from facebench.tracking import write_results
 
 log = logging.getLogger(__name__)
 
-FORMATS: dict[str, ModuleType] = {"pickle": pickle_format, "raw": raw_format, "tar": tar_format}
+FORMATS: dict[str, ModuleType] = {
+    "pickle": pickle_format,
+    "raw": raw_format,
+    "tar": tar_format,
+    "litdata": litdata_format,
+}
 _SHARD_PREFIX = "shard-"
 _PLAN = ".plan.json"
 _DONE = ".done"
@@ -172,16 +177,20 @@ def _ensure_shards(
         return ShardSet(folder, existing, False, time.perf_counter() - started, len(usable.skipped))
     plan = _plan(usable.records, seed, shard_size, module, fingerprint, settings)
     needed = _needed_bytes(folder, module, plan, usable.records)
-    room.check_room(folder, needed, room.bytes_in(folder, _SHARD_PREFIX))
-    done = _start_or_resume(folder, plan.as_json())
-    _write_missing(folder, shard_format, plan, done, usable.records, n_procs, needed)
+    if getattr(module, "WHOLE_SET", False):
+        shards = _write_whole_set(folder, module, plan, usable.records, n_procs, cache, needed)
+    else:
+        room.check_room(folder, needed, room.bytes_in(folder, _SHARD_PREFIX))
+        done = _start_or_resume(folder, plan.as_json())
+        _write_missing(folder, shard_format, plan, done, usable.records, n_procs, needed)
+        shards = [done[name] for name in plan.names]
     manifest = Manifest(
         format=shard_format,
         source_fingerprint=fingerprint,
         settings=settings,
         n_samples=len(usable.records),
         n_classes=labels.n_classes,
-        shards=[done[name] for name in plan.names],
+        shards=shards,
         prepare_s=time.perf_counter() - started,
     )
     manifest.write(folder)
@@ -291,6 +300,34 @@ def _write_missing(
         remove_staging(folder)
         remove_staging(folder / _DONE)
         raise room.disk_full(folder, needed, len(done), len(plan.names)) from None
+
+
+def _write_whole_set(
+    folder: Path,
+    module: ModuleType,
+    plan: _Plan,
+    records: list[Record],
+    n_procs: int,
+    cache: Path | None,
+    needed: int,
+) -> list[ShardEntry]:
+    """A format written in one go by its own library (litdata): the folder emptied of an older
+    set first, then every sample in the plan's shuffled order."""
+    existing = sum(p.stat().st_size for p in folder.iterdir() if p.is_file() and p.name != _LOCK)
+    room.check_room(folder, needed, existing)
+    (folder / MANIFEST).unlink(missing_ok=True)  # not a shard set until the new manifest
+    for path in folder.iterdir():
+        if path.name != _LOCK:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    order = np.concatenate(plan.chunks) if plan.chunks else np.array([], dtype=np.int64)
+    samples = [(int(i), records[i]) for i in order]
+    log.info("writing %d samples with %s into %s", len(samples), module.__name__, folder)
+    try:
+        return module.write_set(samples, folder, n_procs, cache or cache_dir())
+    except OSError as error:
+        if error.errno in room.DISK_FULL:
+            raise room.disk_full(folder, needed, 0, 1) from None
+        raise
 
 
 def _start_or_resume(folder: Path, plan: dict[str, Any]) -> dict[str, ShardEntry]:

@@ -1,0 +1,216 @@
+"""NVIDIA DALI over the original image files: the industry's GPU pipeline, decoding with nvJPEG.
+
+    records (listed in the clock) -> one shuffled order per epoch, batches dealt to ranks
+      -> external_source (file bytes, CelebA's crop box)  -> fn.decoders.image (mixed on CUDA)
+      -> fn.slice (the crop box, black where a small image ends) -> fn.resize(112x112)
+      -> uint8 batches and crop offsets for facebench.finish, as raw, webdataset and nodes
+
+On CUDA the decoding runs on the GPU (`device="mixed"`: nvJPEG, with its CPU part in DALI's
+threads) and batches arrive already on it; on a CPU, DALI's CPU backend (`device_id=None`)
+decodes in its threads. `n_workers` is DALI's `num_threads` (0 means one thread), and
+`loader.prefetch_factor` its `prefetch_queue_depth`. Each epoch is a full reshuffle (one
+permutation, the same on every rank, as the other loaders draw it), cut into batches; batch b
+goes to rank b % world_size, so ranks get equal counts and each sample once (drop_last: the
+remainder is left out).
+
+DALI's decoders match PIL on grey and colour JPEGs and 8-bit PNGs; any other file (CMYK JPEG,
+16-bit or palette PNG, other formats) is converted to an 8-bit RGB PNG by PIL first, so every
+loader delivers the same pixels. A file DALI cannot decode is found by decoding that batch's files
+with PIL, and named.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import logging
+from collections import deque
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from PIL import Image
+
+from facebench.config import LoaderConfig
+from facebench.data.fast_decode import jpeg_components
+from facebench.data.images import CELEBA_BOX, decode_sample
+from facebench.data.sources import CELEBA, Record, celeba_records, digiface_records
+from facebench.data.transforms import RESIZE
+from facebench.errors import ConfigError, FacebenchError
+from facebench.loaders.base import Batch, LoaderContext, batch_offsets, usable
+from facebench.resources import batch_bytes
+
+log = logging.getLogger(__name__)
+
+Options = LoaderConfig
+_PNG = b"\x89PNG\r\n\x1a\n"
+_PLAIN_PNG = {(8, 0), (8, 2), (8, 6)}  # (bit depth, colour type): 8-bit grey, RGB, RGBA
+_BOX_ANCHOR = np.array([CELEBA_BOX[1], CELEBA_BOX[0]], dtype=np.int32)  # (top, left)
+_BOX_SHAPE = np.array(
+    [CELEBA_BOX[3] - CELEBA_BOX[1], CELEBA_BOX[2] - CELEBA_BOX[0]], dtype=np.int32
+)
+
+
+def available() -> bool:
+    return importlib.util.find_spec("nvidia.dali") is not None
+
+
+def _require() -> None:
+    if not available():
+        raise ConfigError(
+            "loader=dali needs NVIDIA DALI, which is not installed: pip install -e '.[dali]'"
+        )
+
+
+def dali_ready(data: bytes) -> bool:
+    """Whether DALI decodes these bytes to PIL's pixels: grey or colour JPEGs, 8-bit PNGs."""
+    if data[:8] == _PNG:
+        return len(data) > 26 and (data[24], data[25]) in _PLAIN_PNG
+    return jpeg_components(data) in (1, 3)
+
+
+def as_dali_input(data: bytes, name: str) -> bytes:
+    """The bytes DALI decodes: as they are, or PIL's RGB decoding as a lossless PNG."""
+    if dali_ready(data):
+        return data
+    image = decode_sample(data, "", name)  # RGB, uncropped: DALI crops CelebA's box itself
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", compress_level=0)
+    return buffer.getvalue()
+
+
+def _height_width(data: bytes) -> np.ndarray:
+    with Image.open(io.BytesIO(data)) as image:  # the header only
+        width, height = image.size
+    return np.array([height, width], dtype=np.int32)
+
+
+class Source:
+    """DALI's external source: the epoch's batches for this rank, as file bytes, each with its
+    crop box (anchor and shape, CelebA's box or the whole image) and sample id."""
+
+    def __init__(self, records: list[Record], order: np.ndarray, ctx: LoaderContext) -> None:
+        self.records = records
+        self.order = order
+        self.batch_size = ctx.batch_size
+        n_batches = len(order) // ctx.batch_size
+        n_batches -= n_batches % ctx.world.world_size  # the same number for every rank
+        self.batches = iter(range(ctx.world.rank, n_batches, ctx.world.world_size))
+        self.fed: deque[list[int]] = deque()  # positions of each batch DALI is working on
+
+    def __call__(self, info: object = None) -> tuple[list[np.ndarray], ...]:
+        index = next(self.batches)  # StopIteration ends DALI's epoch
+        chosen = self.order[index * self.batch_size : (index + 1) * self.batch_size].tolist()
+        self.fed.append(chosen)
+        encoded, anchors, shapes, ids = [], [], [], []
+        for position in chosen:
+            record = self.records[position]
+            with open(record.path, "rb") as file:
+                data = as_dali_input(file.read(), record.path)
+            encoded.append(np.frombuffer(data, dtype=np.uint8))
+            if record.source == CELEBA:
+                anchors.append(_BOX_ANCHOR)
+                shapes.append(_BOX_SHAPE)
+            else:
+                anchors.append(np.zeros(2, dtype=np.int32))
+                shapes.append(_height_width(data))
+            ids.append(np.array([position], dtype=np.int64))
+        return encoded, anchors, shapes, ids
+
+
+def _pipeline(source: Source, ctx: LoaderContext):
+    from nvidia.dali import fn, pipeline_def, types
+
+    on_gpu = ctx.device.type == "cuda"
+
+    @pipeline_def
+    def decode():
+        encoded, anchors, shapes, ids = fn.external_source(
+            source=source, num_outputs=4, batch=True, no_copy=False
+        )
+        # No EXIF rotation: PIL, and so every other loader, leaves images as stored.
+        images = fn.decoders.image(
+            encoded,
+            device="mixed" if on_gpu else "cpu",
+            output_type=types.RGB,
+            adjust_orientation=False,
+        )
+        images = fn.slice(
+            images, anchors, shapes, axis_names="HW", out_of_bounds_policy="pad", fill_values=0
+        )
+        images = fn.resize(
+            images, resize_x=112, resize_y=112, interp_type=types.INTERP_LINEAR, antialias=True
+        )
+        return images, ids
+
+    return decode(
+        batch_size=ctx.batch_size,
+        num_threads=max(1, ctx.n_workers),
+        device_id=(ctx.device.index or 0) if on_gpu else None,
+        prefetch_queue_depth=ctx.options.prefetch_factor,
+        seed=ctx.epoch_seed() % 2**31,
+    )
+
+
+class DaliBatches:
+    """One epoch of DALI batches as facebench Batches (uint8 images, crop offsets, ids)."""
+
+    def __init__(self, ctx: LoaderContext) -> None:
+        _require()
+        self.ctx = ctx
+        # Listed inside the clock, as loader=dataset does: the same start-up work.
+        self.records = usable(celeba_records(ctx.data_root, ctx.labels), ctx)
+        self.records += usable(digiface_records(ctx.data_root, ctx.labels), ctx)
+        self.labels = np.array([record.label for record in self.records], dtype=np.int64)
+        order = np.random.default_rng(ctx.epoch_seed()).permutation(len(self.records))
+        self.source = Source(self.records, order, ctx)
+
+    def __iter__(self) -> Iterator[Batch]:
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+        pipeline = _pipeline(self.source, self.ctx)
+        batches = None
+        try:
+            pipeline.build()
+            batches = DALIGenericIterator([pipeline], ["images", "ids"], auto_reset=False)
+            while True:
+                try:
+                    output = next(batches)[0]
+                except StopIteration:
+                    return
+                except RuntimeError as error:
+                    raise self._named(error) from None
+                self.source.fed.popleft()
+                ids = output["ids"].view(-1).cpu()
+                labels = torch.from_numpy(self.labels[ids.numpy()])
+                offsets = batch_offsets(self.ctx.options.crop, self.ctx.epoch_seed(), ids)
+                yield Batch(output["images"], labels, ids, offsets)
+        finally:
+            # Stopped now, not whenever the last reference goes: a pipeline object left to the
+            # garbage collector is copied into every worker a later loader forks, and its
+            # finalizer there waits forever for DALI threads that do not exist in the copy.
+            # (_shutdown is what Pipeline.__del__ calls; DALI is pinned.)
+            del batches
+            pipeline._shutdown()
+
+    def _named(self, error: RuntimeError) -> FacebenchError:
+        """The file of the failed batch that does not decode, found with PIL, named."""
+        for position in self.source.fed[0] if self.source.fed else []:
+            record = self.records[position]
+            try:
+                with open(record.path, "rb") as file:
+                    decode_sample(file.read(), record.source, record.path)
+            except FacebenchError as bad:
+                return bad
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+        return FacebenchError(f"loader=dali: DALI failed on a batch ({first_line})")
+
+
+def worker_memory(ctx: LoaderContext) -> int:
+    """Threads, not processes: the uint8 batches DALI keeps in its prefetch queue."""
+    shape = (*RESIZE, 3)
+    return ctx.options.prefetch_factor * batch_bytes(ctx.batch_size, shape, finished=False)
+
+
+def build(ctx: LoaderContext) -> DaliBatches:
+    return DaliBatches(ctx)

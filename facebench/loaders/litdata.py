@@ -1,0 +1,100 @@
+"""LitData: chunks written by litdata.optimize (prepare.py format=litdata), streamed by its
+StreamingDataset and StreamingDataLoader.
+
+    StreamingDataset(shards, shuffle=True, seed=this epoch's) -> StreamingDataLoader(batch_size,
+    n_workers, drop_last) -> uint8 batches and crop offsets for facebench.finish
+
+LitData deals chunks to ranks and workers and shuffles them, and the samples within them, anew
+each epoch (its seed is the epoch's). Its items are decoded 112x112 samples (see
+shards/litdata_format.py); each carries its id and label, and the label is checked against the
+run's own listing: a damaged chunk stops the run rather than mislabel a sample. Each worker
+batches the samples it reads, so up to one partial batch per worker is dropped, as with the other
+loaders whose workers read whole shards.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+
+from facebench.config import LoaderConfig
+from facebench.errors import ConfigError, ShardError
+from facebench.loaders import base
+from facebench.loaders.base import Batch, LoaderContext, batch_offsets
+from facebench.loaders.shardsets import ensure_loader_shards, trusted_manifest
+
+Options = LoaderConfig
+SHARD_FORMAT = "litdata"
+BATCHES_PER_WORKER = True
+
+
+def available() -> bool:
+    return importlib.util.find_spec("litdata") is not None
+
+
+def _require() -> None:
+    if not available():
+        raise ConfigError(
+            "loader=litdata needs LitData, which is not installed: pip install -e '.[litdata]'"
+        )
+
+
+class Collate:
+    """LitData items -> one Batch; each item's label checked against the run's listing."""
+
+    def __init__(self, labels: np.ndarray, crop: str, epoch_seed: int, folder: str) -> None:
+        self.labels = labels
+        self.crop = crop
+        self.epoch_seed = epoch_seed
+        self.folder = folder
+
+    def __call__(self, items: list[dict]) -> Batch:
+        ids = torch.tensor([int(item["id"]) for item in items])
+        labels = torch.tensor([int(item["label"]) for item in items])
+        known = (ids >= 0) & (ids < len(self.labels))
+        if not bool(known.all()) or not np.array_equal(self.labels[ids.numpy()], labels.numpy()):
+            raise ShardError(
+                f"{self.folder}: a sample's id or label is not the data's; the chunks are damaged "
+                "or stale. Rebuild: python prepare.py format=litdata"
+            )
+        images = torch.from_numpy(np.stack([item["image"] for item in items]))
+        offsets = batch_offsets(self.crop, self.epoch_seed, ids)
+        return Batch(images, labels, ids, offsets)
+
+
+def before_epoch(ctx: LoaderContext) -> dict[str, float]:
+    _require()
+    return ensure_loader_shards(ctx, SHARD_FORMAT)
+
+
+def worker_memory(ctx: LoaderContext) -> int:
+    return base.worker_memory(ctx, finished=False)
+
+
+def build(ctx: LoaderContext) -> Iterable[Batch]:
+    _require()
+    from litdata import StreamingDataLoader, StreamingDataset
+
+    trusted_manifest(ctx)
+    dataset = StreamingDataset(
+        input_dir=str(ctx.shards_dir),
+        cache_dir=str(ctx.cache / "litdata-cache"),
+        shuffle=True,
+        seed=ctx.epoch_seed() % 2**31,
+        drop_last=True,
+    )
+    labels = np.array([record.label for record in ctx.records], dtype=np.int64)
+    collate = Collate(labels, ctx.options.crop, ctx.epoch_seed(), str(ctx.shards_dir))
+    extra = {"prefetch_factor": ctx.options.prefetch_factor} if ctx.n_workers else {}
+    return StreamingDataLoader(
+        dataset,
+        batch_size=ctx.batch_size,
+        num_workers=ctx.n_workers,
+        collate_fn=collate,
+        drop_last=True,
+        pin_memory=ctx.pin_memory,
+        **extra,
+    )
