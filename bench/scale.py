@@ -3,11 +3,12 @@
     python bench/scale.py                                   # about an hour on 2 cores
     python bench/scale.py --sizes 20000 100000 --loaders raw dataset
 
-For each size: generate the synthetic set, build every shard format with `prepare.py` (build time
-and disk per format; existing shards are rebuilt), then run every loader loader-only (model=none), warm, n_workers 2, with
-`host_only` false and true, each as its own `python train.py` process, MLflow off. Sets larger than
---full-epoch-limit images are measured over their first --max-batches batches: start-up, listing
-and the first batch are whole-set costs either way, and the steady rate settles long before.
+For each size: generate the synthetic set, rebuild every shard format with `prepare.py` (build
+time and disk per format), then run every loader loader-only (model=none), warm, n_workers 2,
+with `host_only` false and true, each as its own `python train.py` process, MLflow off. Sets
+larger than --full-epoch-limit images are measured over their first --max-batches batches:
+start-up, listing and the first batch are whole-set costs either way, and the steady rate settles
+long before.
 Writes two tables into docs/benchmarks.md (--no-write to skip).
 """
 
