@@ -11,7 +11,7 @@ Then `mlflow ui --backend-store-uri sqlite:///mlflow.db` to compare the runs.
 import hydra
 from omegaconf import DictConfig
 
-from facebench.app import configure, run_job
+from facebench.jobs import configure, run_job
 from facebench.runner import run_training
 
 configure()

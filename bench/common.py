@@ -18,8 +18,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from facebench.app import configure
 from facebench.device import cpu_model
+from facebench.jobs import configure
 from facebench.paths import PROJECT_ROOT
 
 BENCHMARKS_MD = PROJECT_ROOT / "docs" / "benchmarks.md"

@@ -33,15 +33,16 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from facebench import loaders
-from facebench.app import configure
 from facebench.config import validate
 from facebench.data.sample import sample_tree
+from facebench.data.sources import Layout
 from facebench.epoch import EpochSettings, run_epoch
 from facebench.errors import ConfigError, FacebenchError
-from facebench.paths import PROJECT_ROOT, cache_dir
+from facebench.jobs import configure
+from facebench.paths import PROJECT_ROOT, cache_dir, data_layout
 from facebench.report import loader_colour
 from facebench.resources import usable_cores
-from facebench.runner import Data, Job, build_loader, loader_context, prepare_data, trainer_for
+from facebench.runner import Data, Job, build_loader, prepare_data, trainer_for
 from facebench.shards import room
 from facebench.shards.manifest import Manifest
 from facebench.tracking import REPORTS_EXPERIMENT, Tracker
@@ -108,12 +109,12 @@ def worker_counts(requested: str) -> list[int]:
 def measure_ceiling(base: list[str], job: Job, data: Data, budget_s: float) -> float:
     """The model's training rate on one batch made once on the device: nothing to wait for."""
     cfg = compose_run([*base, "loader=synthetic"])
-    if cfg.model.name == "none":
+    if cfg.model == "none":
         raise ConfigError("advise compares loaders with a model's pace: give model=resnet50 or so")
-    module = loaders.get("synthetic")
-    ctx = loader_context(cfg, module, data.root, data.records, data.labels, job.device)
+    spec = loaders.get("synthetic")
+    ctx = loaders.context(cfg, spec, data.root, data.records, data.labels, job.device)
     settings = EpochSettings(job.device, sample_hz=0, time_limit_s=budget_s * _CEILING_SHARE)
-    result = run_epoch(lambda: module.build(ctx), trainer_for(cfg, job, data.labels), settings)
+    result = run_epoch(lambda: spec.build(ctx), trainer_for(cfg, job, data.labels), settings)
     return result.times.steady_images_per_s
 
 
@@ -129,12 +130,12 @@ def measure_loader(
     """Shards first (timed apart), then the host-side rate at more and more workers."""
     measured = Measured(name)
     cfg = compose_run([*base, f"loader={name}", "model=none", "host_only=true"])
-    module = loaders.get(name)
-    ctx = loader_context(
-        cfg, module, data.root, data.records, data.labels, job.device, data.excluded
+    spec = loaders.get(name)
+    ctx = loaders.context(
+        cfg, spec, data.root, data.records, data.labels, job.device, data.excluded
     )
-    build_loader(cfg, module, ctx, job.world)
-    manifest = Manifest.read(ctx.shards_dir) if hasattr(module, "SHARD_FORMAT") else None
+    build_loader(cfg, spec, ctx, job.world)
+    manifest = Manifest.read(ctx.shards_dir) if spec.shard_format is not None else None
     if manifest is not None:
         measured.prepare_s = manifest.prepare_s  # as long as building took, now or before
         measured.shard_bytes = sum(shard.bytes for shard in manifest.shards)
@@ -146,7 +147,7 @@ def measure_loader(
             break
         ctx.n_workers = workers
         settings = EpochSettings(job.device, sample_hz=0, host_only=True, time_limit_s=per_run)
-        result = run_epoch(lambda: module.build(ctx), None, settings)
+        result = run_epoch(lambda: spec.build(ctx), None, settings)
         measured.rates[workers] = result.times.steady_images_per_s
         measured.first_batch_s[workers] = result.times.time_to_first_batch_s
         log.info(
@@ -318,15 +319,21 @@ def advise(argv: list[str]) -> Advice:
     deadline = started + own["budget_s"]
     job = Job.start(cfg)
     full = prepare_data(cfg, job.world)
-    root = sample_tree(full.root, full.records, own["sample_images"], cache_dir(cfg.data.cache_dir))
+    layout = data_layout(cfg.data)
+    root = sample_tree(
+        full.root,
+        full.records,
+        own["sample_images"],
+        cache_dir(cfg.data.cache_dir),
+        layout=layout,
+        labels=full.labels,
+    )
     base = list(overrides)
     if root != full.root:
-        base += ["data=celeba_digiface", f"data.root={root}"]
+        base += _sample_data(root, layout)
     data = prepare_data(compose_run(base), job.world) if root != full.root else full
     ceiling = measure_ceiling(base, job, data, own["budget_s"])
-    log.info(
-        "compute ceiling: %s trains at %.0f images/s on %s", cfg.model.name, ceiling, job.device
-    )
+    log.info("compute ceiling: %s trains at %.0f images/s on %s", cfg.model, ceiling, job.device)
     names = (
         own["loaders"].split(",")
         if own["loaders"]
@@ -346,7 +353,7 @@ def advise(argv: list[str]) -> Advice:
             measured.append(Measured(name, note=f"failed: {error}"))
     return Advice(
         counts=counts,
-        model=cfg.model.name,
+        model=cfg.model,
         device=str(job.device),
         ceiling=ceiling,
         n_images=len(full.records),
@@ -375,6 +382,14 @@ def record(advice: Advice, tracking: bool, out: Path | None = None) -> Path:
         tracker.log_artifact(out / "advice.md")
         tracker.log_artifact(out / "advice.png")
     return out
+
+
+def _sample_data(root: Path, layout: Layout) -> list[str]:
+    """The data overrides that read a sample tree written by sample_tree."""
+    if layout.kind == "folder":
+        labels = ["data.labels=labels.csv"] if layout.labels else ["data.labels="]
+        return ["data=folder", f"data.root={root}", *labels]
+    return ["data=celeba_digiface", f"data.root={root}"]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,8 +1,9 @@
 """Typed schemas behind every Hydra config group.
 
-Each YAML option under conf/ names its schema in its own defaults list, so a typo or a wrong type
-(`n_workers=abc`, `loader.shuffle_buffer=x`) fails when the config is composed, before any work.
-Values that a type cannot express (`batch_size=0`) are checked by `validate`.
+Each YAML option under conf/ names its schema in its own defaults list, so a typo, a wrong type
+or a value outside a key's choices (`n_workers=abc`, `amp=fp8`, `cache=hot`) fails when the config
+is composed, before any work. Every key with fixed choices has them here, once, as an Enum. Values
+that a type cannot express (`batch_size=0`) are checked by `validate`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import dataclasses
 import logging
 import re
 from dataclasses import dataclass
+from enum import StrEnum
+from typing import TypeVar
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
@@ -21,12 +24,80 @@ from facebench.errors import ConfigError
 log = logging.getLogger(__name__)
 
 
+class Model(StrEnum):
+    resnet50 = "resnet50"  # the article's
+    resnet18 = "resnet18"
+    none = "none"  # no model: the loader alone (with host_only, its host side alone)
+
+
+class Amp(StrEnum):
+    auto = "auto"  # fp16 with GradScaler on CUDA (the article's), bf16 autocast on CPU
+    fp16 = "fp16"
+    bf16 = "bf16"
+    off = "off"  # fp32
+
+
+class Crop(StrEnum):
+    random = "random"  # the article's RandomCrop(100)
+    center = "center"  # deterministic: every loader delivers the same pixels (tests)
+
+
+class CacheMode(StrEnum):
+    warm = "warm"  # the epoch's files read into the page cache first
+    cold = "cold"  # evicted first
+    keep = "keep"  # as found
+
+
+# raise: stop, naming the file; skip: leave it out of every loader alike, and count it. (Built
+# by call: `raise` cannot be a member's name in a class body, and OmegaConf matches names.)
+OnBadSample = StrEnum("OnBadSample", {"raise": "raise", "skip": "skip"})
+
+
+class Decoder(StrEnum):
+    torchvision = "torchvision"  # torchvision.io and batched tensor transforms
+    pil = "pil"  # the article's PIL transform, per sample
+
+
+class WorkerKind(StrEnum):
+    process = "process"
+    thread = "thread"
+
+
+class DataLayout(StrEnum):
+    faces = "faces"  # CelebA/ + DigiFace1M/ in their published layouts
+    folder = "folder"  # one folder per class (ImageFolder's layout), or a labels CSV
+
+
+class ShardFormat(StrEnum):
+    pickle = "pickle"  # the article's: pickled PIL images
+    raw = "raw"  # 112x112 uint8 records
+    tar = "tar"  # WebDataset tars of the original files
+    litdata = "litdata"  # LitData chunks of 112x112 uint8 samples
+
+
+E = TypeVar("E", bound=StrEnum)
+
+
+def choice(kind: type[E], value: str, key: str) -> E:
+    """`value` as one of `kind`'s choices, for callers that bypass Hydra's composition."""
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(member.value for member in kind)
+        raise ConfigError(f"{key}={value}: use one of {allowed}") from None
+
+
 @dataclass
 class DataConfig:
     name: str = MISSING
-    # Folder holding CelebA/ and DigiFace1M/ in the real layout. Empty for the synthetic stand-in,
-    # which then lives in the project's cache folder.
+    # How data.root is laid out: faces (CelebA/ + DigiFace1M/) or folder (one folder per class).
+    # The synthetic stand-in is generated in either.
+    layout: DataLayout = DataLayout.faces
+    # The data's folder. Empty for the synthetic stand-in, which lives in the cache folder.
     root: str = ""
+    # layout=folder: a "path,label" CSV (relative to data.root, or absolute) instead of class
+    # folders.
+    labels: str = ""
     # Synthetic stand-in only: how many images to generate (22% CelebA-like, 78% DigiFace-like).
     n_images: int = 0
     # Synthetic stand-in only: the generator's seed (the training seed is the top-level `seed`).
@@ -40,21 +111,9 @@ class LoaderConfig:
     """Options every loader understands; a loader with more subclasses this in its module."""
 
     name: str = MISSING
-    # "random" is the seed's RandomCrop(100); "center" makes every loader deterministic (tests).
-    crop: str = "random"
+    crop: Crop = Crop.random
     # Batches each DataLoader worker keeps ready; torch's default is 2.
     prefetch_factor: int = 2
-
-
-@dataclass
-class ModelConfig:
-    name: str = MISSING
-
-
-@dataclass
-class AmpConfig:
-    # auto: fp16 with GradScaler on CUDA, bf16 autocast on CPU.
-    mode: str = MISSING
 
 
 @dataclass
@@ -65,20 +124,21 @@ class CommonConfig:
     # DataLoader workers in train.py; decoding processes in prepare.py.
     n_workers: int = 5
     seed: int = 0
-    # Samples per shard (the seed used 10,000).
+    # Samples per shard (the article used 10,000).
     shard_size: int = 10_000
     # Where shards are written and read; empty means <data folder>/facebench-shards.
     shards_dir: str = ""
     # A file that is missing, empty or does not decode: raise (stop, naming it) or skip (leave it
     # out of every loader alike, and count it).
-    on_bad_sample: str = "raise"
+    on_bad_sample: OnBadSample = OnBadSample("raise")
 
 
 @dataclass
 class TrainConfig(CommonConfig):
     loader: LoaderConfig = MISSING
-    model: ModelConfig = MISSING
-    amp: AmpConfig = MISSING
+    model: Model = Model.resnet50
+    # Mixed precision of the forward pass.
+    amp: Amp = Amp.auto
     batch_size: int = 600
     epochs: int = 1
     # 0 runs the whole epoch; N stops each epoch after N batches.
@@ -86,7 +146,7 @@ class TrainConfig(CommonConfig):
     # auto | cpu | cuda | cuda:N
     device: str = "auto"
     # Page cache before each epoch: warm (files read in first), cold (evicted), keep (as found).
-    cache: str = "warm"
+    cache: CacheMode = CacheMode.warm
     # Measure the whole run (all epochs) this many times in one job.
     repeat: int = 1
     # Resource samples per second (memory, GPU); 0 samples only at the start and end of an epoch.
@@ -110,13 +170,9 @@ class TrainConfig(CommonConfig):
 @dataclass
 class PrepareConfig(CommonConfig):
     # Shard format to write.
-    format: str = "pickle"
+    format: ShardFormat = ShardFormat.pickle
 
 
-AMP_MODES = ("auto", "fp16", "bf16", "off")
-MODELS = ("resnet50", "resnet18", "none")
-CROPS = ("random", "center")
-CACHE_MODES = ("warm", "cold", "keep")
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
 
@@ -127,8 +183,6 @@ def register_configs() -> None:
     cs.store(name="prepare_schema", node=PrepareConfig)
     cs.store(group="data", name="data_schema", node=DataConfig)
     cs.store(group="loader", name="loader_schema", node=LoaderConfig)
-    cs.store(group="model", name="model_schema", node=ModelConfig)
-    cs.store(group="amp", name="amp_schema", node=AmpConfig)
 
 
 SEED_RANGE = (0, 2**32 - 1)  # what numpy and torch accept as a seed
@@ -182,37 +236,17 @@ def validate(cfg: DictConfig) -> None:
     if device is not None and not _DEVICE.match(device):
         problems.append(f"device={device}: use auto, cpu, cuda or cuda:N")
     positive("loader.shuffle_buffer")
-    loader_choices = {
-        "loader.decoder": ("torchvision", "pil"),
-        "loader.method": ("process", "thread"),
-    }
-    for key, allowed in loader_choices.items():
-        value = OmegaConf.select(cfg, key)
-        if value is not None and value not in allowed:
-            problems.append(f"{key}={value}: use one of {', '.join(allowed)}")
     sample_hz = OmegaConf.select(cfg, "sample_hz")
     if sample_hz is not None and not 0 <= sample_hz <= 100:
         problems.append(f"sample_hz={sample_hz}: use 0 (off) to 100")
-    choices = {
-        "amp.mode": AMP_MODES,
-        "model.name": MODELS,
-        "loader.crop": CROPS,
-        "cache": CACHE_MODES,
-        "on_bad_sample": ("raise", "skip"),
-    }
-    for key, allowed in choices.items():
-        value = OmegaConf.select(cfg, key)
-        if value is not None and value not in allowed:
-            problems.append(f"{key}={value}: use one of {', '.join(allowed)}")
-    if OmegaConf.select(cfg, "loader.name") == "synthetic" and cfg.model.name == "none":
+    if OmegaConf.select(cfg, "loader.name") == "synthetic" and cfg.model == "none":
         problems.append(
             "loader=synthetic with model=none measures nothing: it hands the same batch, already "
             "on the device, to no model. It is the compute ceiling: use it with a model"
         )
-    if OmegaConf.select(cfg, "host_only") and cfg.model.name != "none":
+    if OmegaConf.select(cfg, "host_only") and cfg.model != "none":
         problems.append(
-            f"host_only=true measures the loader alone; it needs model=none (not "
-            f"model={cfg.model.name})"
+            f"host_only=true measures the loader alone; it needs model=none (not model={cfg.model})"
         )
     data = cfg.data
     if data.name == "synthetic" and data.n_images < 1:
@@ -224,11 +258,17 @@ def validate(cfg: DictConfig) -> None:
         if _chosen_on_command_line("data=synthetic"):  # a sweep over data=synthetic,<real>
             log.warning("%s", ignored)
         else:
-            problems.append(f"{ignored}; add data=celeba_digiface to read that folder")
+            problems.append(f"{ignored}; add data=folder (or data=celeba_digiface) to read it")
     if data.name != "synthetic" and not data.root:
+        holding = "one folder per class" if data.layout == "folder" else "CelebA/ and DigiFace1M/"
         problems.append(
             f"data.root is empty: data={data.name} reads a real dataset; "
-            "pass data.root=/path/to/folder/holding/CelebA/and/DigiFace1M"
+            f"pass data.root=/path/to/the/folder that holds {holding}"
+        )
+    if data.labels and data.layout != "folder":
+        problems.append(
+            f"data.labels={data.labels}: a labels CSV is read with data=folder (layout=folder); "
+            "CelebA's labels come from identity_CelebA.txt"
         )
     if problems:
         raise ConfigError("invalid config: " + "; ".join(problems))

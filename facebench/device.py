@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from facebench.config import Amp, choice
 from facebench.errors import ConfigError
 from facebench.resources import usable_cores
 
@@ -97,13 +98,12 @@ class Precision:
 
 
 def resolve_precision(mode: str, device: torch.device) -> Precision:
-    """auto: fp16 with GradScaler on CUDA (as the seed), bf16 on CPU (fp16 there is slow)."""
-    if mode == "auto":
-        mode = "fp16" if device.type == "cuda" else "bf16"
-    if mode == "fp16":
+    """auto: fp16 with GradScaler on CUDA (as the article), bf16 on CPU (fp16 there is slow)."""
+    mode = choice(Amp, mode, "amp")
+    if mode == Amp.auto:
+        mode = Amp.fp16 if device.type == "cuda" else Amp.bf16
+    if mode == Amp.fp16:
         return Precision("fp16", torch.float16, scale_loss=True)
-    if mode == "bf16":
+    if mode == Amp.bf16:
         return Precision("bf16", torch.bfloat16, scale_loss=False)
-    if mode == "off":
-        return Precision("fp32", None, scale_loss=False)
-    raise ConfigError(f"amp={mode}: use auto, fp16, bf16 or off")
+    return Precision("fp32", None, scale_loss=False)

@@ -8,6 +8,7 @@ metrics into whole-job ones.
 
 from __future__ import annotations
 
+import atexit
 import os
 import statistics
 from contextlib import nullcontext
@@ -70,6 +71,10 @@ def start(world: World, device: torch.device) -> None:
             dist.init_process_group(backend="nccl", timeout=PROCESS_GROUP_TIMEOUT, device_id=device)
         else:
             dist.init_process_group(backend="gloo", timeout=PROCESS_GROUP_TIMEOUT)
+        # One group for the process's life: a sweep's jobs (Hydra runs them one after another in
+        # this process) share it, and it is destroyed as the process ends, as torch's examples
+        # do. Destroyed after each job, the next job's rendezvous would find the store gone.
+        atexit.register(stop)
 
 
 def stop() -> None:

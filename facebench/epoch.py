@@ -22,8 +22,8 @@ from facebench.meter import DeviceBusy, EpochMeter, EpochTimes
 from facebench.order import batch_label_diversity, order_corr
 from facebench.progress import epoch_progress
 from facebench.resources import usable_cores
-from facebench.sampling import ResourceSampler
 from facebench.training import Trainer
+from facebench.usage import UsageMonitor
 
 _MIN_BATCHES = 3  # a time-limited epoch still measures past its warm-up batch
 
@@ -79,7 +79,7 @@ def run_epoch(
     """One timed epoch. `trainer=None` is loader-only mode: batches are finished on the device
     (or, with host_only, only received), no model runs.
 
-    The clock starts before the loader is built, so worker start-up counts, as in the seed.
+    The clock starts before the loader is built, so worker start-up counts, as in the article.
     """
     # A dead worker can surface anywhere in the loop, even in its clean-up (torch's SIGCHLD
     # handler raises wherever the main thread is): the whole epoch is inside the translation.
@@ -134,14 +134,14 @@ def _timed_epoch(
 ) -> EpochResult:
     device = settings.device
     meter, busy = EpochMeter(device), DeviceBusy(device)
-    sampler = ResourceSampler(device, settings.sample_hz)
-    sampler.prepare()  # NVML start-up, outside the clock
+    monitor = UsageMonitor(device, settings.sample_hz)
+    monitor.prepare()  # NVML start-up, outside the clock
     bar = epoch_progress(settings.expected_images, settings.description)
     finish, seen = Finisher(device), _Seen()
     batches = None
     try:
         meter.start()
-        sampler.start(meter.started_at)
+        monitor.start(meter.started_at)
         # Building the loader (listing files, forking workers) is part of waiting for the first
         # batch: the first wait is counted from the start of the epoch.
         asked_at = meter.started_at
@@ -160,9 +160,9 @@ def _timed_epoch(
                     break
                 asked_at = meter.waiting()
         times = meter.stop()
-        resources = sampler.stop(meter.ended_at)  # workers still alive: their counters count
+        resources = monitor.stop(meter.ended_at)  # workers still alive: their counters count
     finally:
-        sampler.close()
+        monitor.close()
         bar.close()
         # Shut worker processes down now (the iterator's finalizer does it), not at exit.
         del batches

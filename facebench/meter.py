@@ -1,7 +1,7 @@
 """Timing one epoch: when it started, when each batch arrived, how long the loop waited for it.
 
 The loop calls `start` before the loader is built (so worker start-up is inside the epoch, as in
-the seed), `batch` after each `next(loader)`, and `stop` after the last step, which synchronizes
+the article), `batch` after each `next(loader)`, and `stop` after the last step, which synchronizes
 the device first. Nothing here touches the device per batch.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from facebench.device import now
+from facebench.device import synchronize
 
 # Batches excluded from the steady-state rate, with the wait for the first batch after them: worker
 # start-up, first-touch allocations, cuDNN autotuning. A tenth of the epoch, 1 to 20 batches.
@@ -64,6 +64,8 @@ class EpochTimes:
 @dataclass
 class EpochMeter:
     device: torch.device
+    # Seconds, monotonic; a test passes a fake one to set every duration exactly.
+    clock: Callable[[], float] = time.perf_counter
     _start: float = 0.0
     _arrivals: list[float] = field(default_factory=list)  # when each batch was in hand
     _sizes: list[int] = field(default_factory=list)
@@ -71,7 +73,8 @@ class EpochMeter:
     _end: float = 0.0
 
     def start(self) -> None:
-        self._start = now(self.device)
+        synchronize(self.device)
+        self._start = self.clock()
 
     @property
     def started_at(self) -> float:
@@ -86,20 +89,21 @@ class EpochMeter:
         return len(self._sizes)
 
     def elapsed(self) -> float:
-        return time.perf_counter() - self._start
+        return self.clock() - self._start
 
     def waiting(self) -> float:
         """Call just before `next(loader)`; pass the result to `batch`."""
-        return time.perf_counter()
+        return self.clock()
 
     def batch(self, asked_at: float, n_samples: int) -> None:
-        arrived = time.perf_counter()
+        arrived = self.clock()
         self._wait += arrived - asked_at
         self._arrivals.append(arrived)
         self._sizes.append(n_samples)
 
     def stop(self) -> EpochTimes:
-        end = self._end = now(self.device)
+        synchronize(self.device)
+        end = self._end = self.clock()
         n = len(self._sizes)
         warmup = min(WARMUP_MAX_BATCHES, max(1, int(n * WARMUP_FRACTION))) if n > 1 else 0
         if n >= 2:

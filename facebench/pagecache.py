@@ -1,7 +1,7 @@
 """The OS page cache: evict a run's files (cold) or read them in first (warm), and check which.
 
 File-based loaders are orders of magnitude faster on cached files, so a run that does not control
-the cache measures whatever the previous run left behind; the seed's 5- and 10-worker numbers,
+the cache measures whatever the previous run left behind; the article's 5- and 10-worker numbers,
 which disagree by 3x in opposite directions, look like that. Eviction uses posix_fadvise
 DONTNEED, which needs no root but only drops clean pages, so files are flushed first.
 """
@@ -16,9 +16,10 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from facebench.config import CacheMode, choice
+
 log = logging.getLogger(__name__)
 
-MODES = ("warm", "cold", "keep")
 _CHUNK = 1 << 20
 
 
@@ -102,10 +103,9 @@ def resident_fraction(paths: Iterable[str | Path]) -> float:
 
 
 def prepare_cache(mode: str, paths: list[str]) -> None:
-    """Put the run's files in the requested cache state."""
-    if mode == "cold":
+    """Put the run's files in the requested cache state (a CacheMode)."""
+    mode = choice(CacheMode, mode, "cache")
+    if mode == CacheMode.cold:
         evict(paths)
-    elif mode == "warm":
+    elif mode == CacheMode.warm:
         warm(paths)
-    elif mode != "keep":
-        raise ValueError(f"cache={mode}: use one of {', '.join(MODES)}")

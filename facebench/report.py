@@ -1,12 +1,12 @@
 """Turn a sweep's MLflow runs into the article's table and a chart.
 
     python -m facebench.report                  # the latest sweep
-    python -m facebench.report --sweep 1a2b3c4d5e --with-seed
+    python -m facebench.report --sweep 1a2b3c4d5e --with-article
 
 Rows are n_workers (ascending), columns loaders; a cell holds epoch seconds and images/s (medians
 when the jobs were repeated) and, when the sweep ran loader=synthetic with the same settings, the
 share of that compute ceiling. Runs whose settings differ in anything but the loader and n_workers
-(model, batch size, cache, data, host_only, ...) go into separate tables. --with-seed adds the
+(model, batch size, cache, data, host_only, ...) go into separate tables. --with-article adds the
 article's own numbers as a table and a panel of their own. The table (Markdown) and the chart
 (PNG) are printed or written, and logged as a run of the `facebench-reports` experiment.
 """
@@ -29,13 +29,13 @@ from facebench.tracking import EXPERIMENT, REPORTS_EXPERIMENT, Tracker, check_se
 log = logging.getLogger("facebench.report")
 
 # The article's table: one epoch of 922,599 images, batch 600, RTX 2080 Ti, i9-9900K.
-SEED_SECONDS = {
+ARTICLE_SECONDS = {
     5: {"dataset": 10034, "datapipe": 2993, "pickle": 760},
     10: {"dataset": 3581, "datapipe": 7986, "pickle": 758},
 }
-SEED_IMAGES = 922_599
+ARTICLE_IMAGES = 922_599
 CEILING = "synthetic"
-SEED_LOADERS = ("dataset", "datapipe", "pickle")  # columns come first, in the article's order
+ARTICLE_LOADERS = ("dataset", "datapipe", "pickle")  # columns come first, in the article's order
 # What must match for runs to share a table; loader and n_workers vary within one.
 GROUP_PARAMS = (
     "data",
@@ -139,7 +139,7 @@ def _column(params: dict[str, str], options: tuple[str, ...]) -> str:
 def _ordered(loaders: set[str]) -> list[str]:
     seed = [
         column
-        for name in SEED_LOADERS
+        for name in ARTICLE_LOADERS
         for column in sorted(loaders)
         if column.split(" (")[0] == name
     ]
@@ -188,14 +188,13 @@ def render_article() -> str:
     lines = [
         "### The article: one epoch of 922,599 images, batch 600, RTX 2080 Ti, i9-9900K",
         "",
-        "| n workers | " + " | ".join(SEED_LOADERS) + " |",
-        "|" + "---|" * (len(SEED_LOADERS) + 1),
+        "| n workers | " + " | ".join(ARTICLE_LOADERS) + " |",
+        "|" + "---|" * (len(ARTICLE_LOADERS) + 1),
     ]
-    for workers in sorted(SEED_SECONDS):
+    for workers in sorted(ARTICLE_SECONDS):
         cells = [
-            f"{SEED_SECONDS[workers][name]:,} s, {SEED_IMAGES / SEED_SECONDS[workers][name]:,.0f}"
-            " img/s"
-            for name in SEED_LOADERS
+            f"{seconds:,} s, {ARTICLE_IMAGES / seconds:,.0f} img/s"
+            for seconds in (ARTICLE_SECONDS[workers][name] for name in ARTICLE_LOADERS)
         ]
         lines.append(f"| {workers} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -204,9 +203,9 @@ def render_article() -> str:
 def _article_table() -> Table:
     return {
         workers: {
-            name: Cell(seconds, SEED_IMAGES / seconds, 1) for name, seconds in loaders.items()
+            name: Cell(seconds, ARTICLE_IMAGES / seconds, 1) for name, seconds in loaders.items()
         }
-        for workers, loaders in SEED_SECONDS.items()
+        for workers, loaders in ARTICLE_SECONDS.items()
     }
 
 
@@ -243,14 +242,14 @@ def _panel(axis, table: Table, heading: str) -> None:
     axis.set_title("\n".join(textwrap.wrap(heading, 90)), fontsize=9, loc="left")
 
 
-def chart(grouped: dict[Settings, Table], path: Path, with_seed: bool) -> None:
+def chart(grouped: dict[Settings, Table], path: Path, with_article: bool) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     panels = [(title(settings), table) for settings, table in grouped.items()]
-    if with_seed:
+    if with_article:
         heading = "The article: 922,599 images, batch 600, RTX 2080 Ti (its seconds, as img/s)"
         panels.append((heading, _article_table()))
     heights = [1.2 + 0.28 * sum(len(row) for row in table.values()) for _, table in panels]
@@ -264,7 +263,9 @@ def chart(grouped: dict[Settings, Table], path: Path, with_seed: bool) -> None:
     plt.close(figure)
 
 
-def report(sweep: str | None, with_seed: bool, out: Path | None, log_artifacts: bool = True) -> str:
+def report(
+    sweep: str | None, with_article: bool, out: Path | None, log_artifacts: bool = True
+) -> str:
     import mlflow
 
     check_server(tracking_uri())
@@ -278,12 +279,12 @@ def report(sweep: str | None, with_seed: bool, out: Path | None, log_artifacts: 
     if not grouped:
         raise FacebenchError(f"sweep {sweep}: no finished runs at {tracking_uri()}")
     text = f"## Sweep {sweep}\n\n" + "\n".join(render(s, t) for s, t in grouped.items())
-    if with_seed:
+    if with_article:
         text += "\n" + render_article()
     out = out or PROJECT_ROOT / "outputs" / "reports" / sweep
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text(text, encoding="utf-8")
-    chart(grouped, out / "report.png", with_seed)
+    chart(grouped, out / "report.png", with_article)
     if log_artifacts:
         tracker = Tracker(experiment=REPORTS_EXPERIMENT)
         with tracker.run(f"report-{sweep}", {"sweep_id": sweep}, {KIND_TAG: "report"}):
@@ -300,7 +301,13 @@ def main(argv: list[str] | None = None) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--sweep", help="sweep_id tag of the runs (default: the latest sweep)")
-    parser.add_argument("--with-seed", action="store_true", help="add the article's numbers")
+    parser.add_argument(
+        "--with-article",
+        "--with-seed",  # its name before 0.2, kept so scripts that use it still run
+        dest="with_article",
+        action="store_true",
+        help="add the article's numbers",
+    )
     parser.add_argument(
         "--out",
         type=Path,
@@ -310,7 +317,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     try:
-        text = report(args.sweep, args.with_seed, args.out, log_artifacts=not args.no_log)
+        text = report(args.sweep, args.with_article, args.out, log_artifacts=not args.no_log)
     except FacebenchError as error:
         raise SystemExit(str(error)) from None
     sys.stdout.write(text)

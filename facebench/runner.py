@@ -11,7 +11,6 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -20,19 +19,17 @@ from omegaconf import DictConfig, OmegaConf
 
 from facebench import loaders
 from facebench.config import validate
-from facebench.data.check import usable_records
-from facebench.data.roots import data_root, shards_root
-from facebench.data.sources import LabelSpace, Record, read_records
-from facebench.data.transforms import seed_transform
+from facebench.data.check import Listing, list_usable
+from facebench.data.sources import LabelSpace, Record
 from facebench.device import Precision, hardware_tags, resolve_device, resolve_precision
 from facebench.distributed import World, barrier, gather, join, whole_job, world_from_env
 from facebench.distributed import start as start_distributed
 from facebench.epoch import EpochSettings, run_epoch
 from facebench.errors import ConfigError, FacebenchError
 from facebench.loaders.base import LoaderContext
-from facebench.loaders.shardsets import ensure_loader_shards, shard_files
+from facebench.loaders.spec import LoaderSpec
 from facebench.pagecache import prepare_cache, resident_fraction
-from facebench.paths import cache_dir
+from facebench.paths import cache_dir, data_layout, data_root
 from facebench.resources import check_workers
 from facebench.tracking import (
     Tracker,
@@ -60,12 +57,12 @@ _RESIDENCY_SAMPLE = 2000  # files checked with mincore to report the cache state
 
 
 def run_name(cfg: DictConfig, precision: str) -> str:
-    """dataset-w5-bs600-fp16; the model is named when it is not the seed's ResNet-50."""
+    """dataset-w5-bs600-fp16; the model is named when it is not the article's ResNet-50."""
     name = f"{cfg.loader.name}-w{cfg.n_workers}-bs{cfg.batch_size}"
-    if cfg.model.name == "none":
+    if cfg.model == "none":
         return f"{name}-host-only" if cfg.host_only else f"{name}-loader-only"
     name = f"{name}-{precision}"
-    return name if cfg.model.name == "resnet50" else f"{name}-{cfg.model.name}"
+    return name if cfg.model == "resnet50" else f"{name}-{cfg.model}"
 
 
 @dataclass(frozen=True)
@@ -81,7 +78,7 @@ class Job:
         world = world_from_env()
         device = resolve_device(cfg.device, world.local_rank, world.distributed)
         start_distributed(world, device)
-        return cls(world, device, resolve_precision(cfg.amp.mode, device))
+        return cls(world, device, resolve_precision(cfg.amp, device))
 
     def name(self, cfg: DictConfig) -> str:
         name = run_name(cfg, self.precision.name)
@@ -92,7 +89,7 @@ class Job:
         params.update(
             loader=cfg.loader.name,
             data=cfg.data.name,
-            model=cfg.model.name,
+            model=cfg.model,
             amp=self.precision.name,
             device_type=self.device.type,
             world_size=self.world.world_size,
@@ -127,7 +124,7 @@ def run_training(
     with tracker.run(name, params, tags, system_metrics=True):
         results["status"] = "FAILED"
         try:
-            _run(cfg, job, tracker, results["metrics"])
+            _run(cfg, job, tracker, results)
             results["status"] = "FINISHED"
         except KeyboardInterrupt:
             results["status"] = "KILLED"
@@ -157,14 +154,19 @@ def _say_where_to_compare(tracker: Tracker, sweep_id: str | None) -> None:
         log.info("(start the UI first: %s)", command)
 
 
-def _run(cfg: DictConfig, job: Job, tracker: Tracker, metrics: dict[str, float]) -> None:
+def _run(cfg: DictConfig, job: Job, tracker: Tracker, results: dict[str, Any]) -> None:
     _seed_everything(cfg.seed)
     data = prepare_data(cfg, job.world)
+    metrics: dict[str, float] = results["metrics"]
     metrics.update(data.metrics())
+    if data.labels.classes:  # folder data: which class each label index stands for
+        results["classes"] = data.labels.class_map()
+        tracker.log_dict(results["classes"], "classes.json")
     loader = loaders.get(cfg.loader.name)
-    ctx = loader_context(
+    ctx = loaders.context(
         cfg, loader, data.root, data.records, data.labels, job.device, data.excluded, job.world
     )
+    ctx.listing = data.listing  # shard builds reuse it rather than list the data again
     metrics.update(build_loader(cfg, loader, ctx, job.world))
     trainer = trainer_for(cfg, job, data.labels)
     log.info(
@@ -173,7 +175,7 @@ def _run(cfg: DictConfig, job: Job, tracker: Tracker, metrics: dict[str, float])
         len(data.records),
         data.labels.n_classes,
         cfg.loader.name,
-        cfg.model.name,
+        cfg.model,
         " (host only)" if cfg.host_only else "",
         job.precision.name,
         job.device,
@@ -191,12 +193,28 @@ def _run(cfg: DictConfig, job: Job, tracker: Tracker, metrics: dict[str, float])
 class Data:
     """The run's samples, listed and checked once, before any clock starts."""
 
-    root: Path
-    records: list[Record]
-    labels: LabelSpace
-    excluded: frozenset[str]
-    skipped: int
+    listing: Listing
     listing_s: float
+
+    @property
+    def root(self) -> Path:
+        return self.listing.root
+
+    @property
+    def records(self) -> list[Record]:
+        return self.listing.usable.records
+
+    @property
+    def labels(self) -> LabelSpace:
+        return self.listing.labels
+
+    @property
+    def excluded(self) -> frozenset[str]:
+        return self.listing.usable.excluded
+
+    @property
+    def skipped(self) -> int:
+        return len(self.listing.usable.skipped)
 
     def metrics(self) -> dict[str, float]:
         return {"samples_skipped": float(self.skipped), "listing_s": self.listing_s}
@@ -209,26 +227,25 @@ def prepare_data(cfg: DictConfig, world: World) -> Data:
     n_procs = max(cfg.n_workers, 1)
     root = data_root(cfg.data, n_procs=n_procs)
     started = time.perf_counter()
-    all_records, labels = read_records(root)
-    usable = usable_records(
-        all_records, root, cfg.on_bad_sample, cache_dir(cfg.data.cache_dir), n_procs
+    listing = list_usable(
+        root, cfg.on_bad_sample, cache_dir(cfg.data.cache_dir), n_procs, data_layout(cfg.data)
     )
-    listing_s = time.perf_counter() - started
-    if len(usable.records) < cfg.batch_size:
+    data = Data(listing, time.perf_counter() - started)
+    if len(data.records) < cfg.batch_size:
         raise ConfigError(
-            f"batch_size={cfg.batch_size} is larger than the {len(usable.records)} usable samples "
+            f"batch_size={cfg.batch_size} is larger than the {len(data.records)} usable samples "
             f"in {root}; with drop_last no batch would be delivered. Use a smaller batch_size "
             "(or more data: data.n_images for the synthetic set)"
         )
-    return Data(root, usable.records, labels, usable.excluded, len(usable.skipped), listing_s)
+    return data
 
 
 def build_loader(
-    cfg: DictConfig, loader: ModuleType, ctx: LoaderContext, world: World
+    cfg: DictConfig, loader: LoaderSpec, ctx: LoaderContext, world: World
 ) -> dict[str, float]:
     """The loader's preparation, outside the clock (shards built if missing), and the check that
     its workers fit this machine. Rank 0 first: it builds what the others then reuse."""
-    metrics = before_epoch(loader, ctx)
+    metrics = loader.before_epoch(ctx)
     if world.is_main:
         barrier(world)
     check_workers(
@@ -242,10 +259,10 @@ def build_loader(
 
 
 def trainer_for(cfg: DictConfig, job: Job, labels: LabelSpace) -> Trainer | None:
-    if cfg.model.name == "none":
+    if cfg.model == "none":
         return None
     return build_trainer(
-        cfg.model.name,
+        cfg.model,
         labels.n_classes,
         job.device,
         job.precision,
@@ -259,14 +276,14 @@ def trainer_for(cfg: DictConfig, job: Job, labels: LabelSpace) -> Trainer | None
 def measure(
     cfg: DictConfig,
     job: Job,
-    loader: ModuleType,
+    loader: LoaderSpec,
     ctx: LoaderContext,
     trainer: Trainer | None,
     tracker: Tracker,
     data: Data,
 ) -> list[dict[str, float]]:
     """Every measured epoch (repeat x epochs), each checked and logged as it ends."""
-    files = _data_files(loader, ctx)
+    files = loader.data_files(ctx)
     settings = EpochSettings(
         device=job.device,
         max_batches=cfg.max_batches,
@@ -294,40 +311,9 @@ def measure(
         per_epoch.append(epoch_metrics)
         if job.world.is_main:
             _log_epoch(step, epoch_metrics)
-        if not cfg.max_batches and not loader_is_ceiling(loader):
+        if not cfg.max_batches and not loader.synthetic:
             check_exactly_once(cfg, loader, len(data.records), epoch_metrics)
     return per_epoch
-
-
-def loader_context(
-    cfg: DictConfig,
-    loader: ModuleType,
-    root: Path,
-    records: list[Record],
-    labels: LabelSpace,
-    device: torch.device,
-    excluded: frozenset[str] = frozenset(),
-    world: World | None = None,
-) -> LoaderContext:
-    """What the configured loader gets to build its pipeline from."""
-    return LoaderContext(
-        options=cfg.loader,
-        data_root=root,
-        labels=labels,
-        records=records,
-        batch_size=cfg.batch_size,
-        n_workers=cfg.n_workers,
-        seed=cfg.seed,
-        device=device,
-        transform=seed_transform(cfg.loader.crop),
-        shards_dir=shards_root(cfg.shards_dir, root, getattr(loader, "SHARD_FORMAT", "none")),
-        shard_size=cfg.shard_size,
-        excluded=excluded,
-        world=world or World(),
-        on_bad_sample=cfg.on_bad_sample,
-        verify_shards=cfg.verify_shards,
-        cache=cache_dir(cfg.data.cache_dir),
-    )
 
 
 def _seed_everything(seed: int) -> None:
@@ -349,12 +335,8 @@ def _merge_ranks(
     return merged
 
 
-def loader_is_ceiling(loader: ModuleType) -> bool:
-    return getattr(loader, "SYNTHETIC", False)
-
-
 def check_exactly_once(
-    cfg: DictConfig, loader: ModuleType, n_samples: int, metrics: dict[str, float]
+    cfg: DictConfig, loader: LoaderSpec, n_samples: int, metrics: dict[str, float]
 ) -> None:
     """Fail loudly when an epoch repeated samples or delivered a different count than it must.
 
@@ -370,7 +352,7 @@ def check_exactly_once(
             "epoch; its results would misreport the pipeline. This is a bug in the loader"
         )
     world_size = int(metrics.get("world_size", 1))
-    if getattr(loader, "BATCHES_PER_WORKER", False):
+    if loader.batches_per_worker:
         workers = max(cfg.n_workers, 1) * world_size
         low, high = max(0, n_samples - workers * (batch - 1)), n_samples
         ok = low <= seen <= high and seen % batch == 0
@@ -399,24 +381,6 @@ def summarise(per_epoch: list[dict[str, float]]) -> dict[str, float]:
             summary[f"{name}_max"] = max(values)
     summary["measured_epochs"] = float(len(per_epoch))
     return summary
-
-
-def before_epoch(loader: ModuleType, ctx: LoaderContext) -> dict[str, float]:
-    """The loader's preparation, outside the clock: by default, build its shards if missing."""
-    if hasattr(loader, "before_epoch"):
-        return loader.before_epoch(ctx)
-    if hasattr(loader, "SHARD_FORMAT"):
-        return ensure_loader_shards(ctx, loader.SHARD_FORMAT)
-    return {}
-
-
-def _data_files(loader: ModuleType, ctx: LoaderContext) -> list[str]:
-    """The files an epoch of this loader reads: its shards, or by default every image."""
-    if hasattr(loader, "data_files"):
-        return loader.data_files(ctx)
-    if hasattr(loader, "SHARD_FORMAT"):
-        return shard_files(ctx)
-    return [record.path for record in ctx.records]
 
 
 def _cache_state(files: list[str]) -> dict[str, float]:

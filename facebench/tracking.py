@@ -204,6 +204,13 @@ class Tracker:
             return None
         return views.runs_url(self.experiment_id, key, ui_address(tracking_uri()))
 
+    def log_dict(self, value: Mapping[str, Any], name: str) -> None:
+        """A small JSON artifact (the class-to-index map)."""
+        if self.enabled:
+            import mlflow
+
+            mlflow.log_dict(dict(value), name)
+
     def log_artifact(self, path: Path) -> None:
         if not self.enabled or not path.is_file():
             return

@@ -17,13 +17,11 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from facebench import loaders
-from facebench.app import configure, install_process_handlers, user_message
-from facebench.data.roots import data_root
 from facebench.data.sources import read_records
 from facebench.epoch import EpochSettings, run_epoch
 from facebench.errors import FacebenchError
-from facebench.paths import PROJECT_ROOT
-from facebench.runner import before_epoch, loader_context
+from facebench.jobs import configure, install_process_handlers, user_message
+from facebench.paths import PROJECT_ROOT, data_root
 
 
 def break_one(loader: str, mode: str, cache: str) -> None:
@@ -43,8 +41,8 @@ def break_one(loader: str, mode: str, cache: str) -> None:
     root = data_root(cfg.data)
     records, labels = read_records(root)
     module = loaders.get(loader)
-    ctx = loader_context(cfg, module, root, records, labels, torch.device("cpu"))
-    before_epoch(module, ctx)
+    ctx = loaders.context(cfg, module, root, records, labels, torch.device("cpu"))
+    module.before_epoch(ctx)
     me = psutil.Process()
 
     def build():

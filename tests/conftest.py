@@ -13,8 +13,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from PIL import Image
 
-from facebench.app import configure
 from facebench.data.synthetic import ensure_synthetic
+from facebench.jobs import configure
 from facebench.paths import PROJECT_ROOT
 
 CONF_DIR = str(PROJECT_ROOT / "conf")

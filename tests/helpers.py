@@ -9,8 +9,8 @@ import torch
 
 from facebench import loaders
 from facebench.data.images import open_sample
-from facebench.data.sources import read_records
-from facebench.data.transforms import seed_transform
+from facebench.data.sources import FACES, Layout, read_records
+from facebench.data.transforms import article_transform
 from facebench.finish import Finisher
 from facebench.loaders.base import Batch
 
@@ -38,10 +38,10 @@ def delivered(batches: Iterable[Batch], device: str = "cpu") -> Samples:
     return seen
 
 
-def expected(root: Path) -> Samples:
+def expected(root: Path, layout: Layout = FACES) -> Samples:
     """Every sample of the tree, decoded and center-cropped directly, by canonical id."""
-    transform = seed_transform("center")
-    records, _ = read_records(root)
+    transform = article_transform("center")
+    records, _ = read_records(root, layout)
     return {i: (transform(open_sample(r.path, r.source)), r.label) for i, r in enumerate(records)}
 
 

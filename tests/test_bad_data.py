@@ -88,6 +88,7 @@ def test_undecodable_files_are_named_even_from_workers(
     assert says in str(error.value) and "cannot decode this image" in str(error.value)
 
 
+@pytest.mark.slow
 def test_worker_errors_reach_the_user_as_one_line(tmp_path, tree_factory, isolated_env):
     root = tree_factory(celeba=_celeba(8), digiface={0: 8})
     path = root / "CelebA" / "img_align_celeba" / "000004.jpg"

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import mlflow
 import pytest
+from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
+from hydra.types import RunMode
 from omegaconf.errors import ValidationError
 
 from facebench.config import validate
 from facebench.errors import ConfigError
 from facebench.mlflow_views import read_view
 from facebench.paths import PROJECT_ROOT
-
-pytestmark = pytest.mark.slow
 
 
 def train(tmp_path: Path, cache: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
@@ -42,6 +42,7 @@ def runs(tmp_path: Path):
     return mlflow.search_runs(experiment_names=["facebench"], output_format="list")
 
 
+@pytest.mark.slow
 def test_one_run_is_recorded_with_metrics_params_and_tags(tmp_path, cache, isolated_env):
     result = train(
         tmp_path, cache, isolated_env, "model=resnet18", "amp=off", "max_batches=2", "n_workers=1"
@@ -79,6 +80,7 @@ def test_one_run_is_recorded_with_metrics_params_and_tags(tmp_path, cache, isola
     assert (tmp_path / "outputs" / "results.json").is_file()
 
 
+@pytest.mark.slow
 def test_multirun_records_one_run_per_job(tmp_path, cache, isolated_env):
     result = train(tmp_path, cache, isolated_env, "-m", "n_workers=0,1", "model=none")
     assert result.returncode == 0, result.stderr
@@ -91,6 +93,7 @@ def test_multirun_records_one_run_per_job(tmp_path, cache, isolated_env):
     assert len({r.data.tags["sweep_id"] for r in recorded}) == 1
 
 
+@pytest.mark.slow
 def test_a_failed_job_is_marked_failed_and_the_sweep_goes_on(tmp_path, cache, isolated_env):
     # The second job points at a folder that does not exist: it fails inside its MLflow run.
     result = train(
@@ -108,6 +111,7 @@ def test_a_failed_job_is_marked_failed_and_the_sweep_goes_on(tmp_path, cache, is
     assert statuses == {"synthetic": "FINISHED", "celeba_digiface": "FAILED"}
 
 
+@pytest.mark.slow
 def test_bad_value_fails_with_one_clear_line(tmp_path, cache, isolated_env):
     result = train(tmp_path, cache, isolated_env, "batch_size=0")
     output = result.stdout + result.stderr  # Hydra logs to stdout
@@ -122,11 +126,18 @@ def test_bad_value_fails_with_one_clear_line(tmp_path, cache, isolated_env):
         ("n_workers=abc", ValidationError, "could not be converted to Integer"),
         ("loader=nope", ConfigCompositionException, "loader"),
         ("loader.nope=1", ConfigCompositionException, "nope"),
+        ("amp=fp8", ValidationError, "expected one of [auto, fp16, bf16, off]"),
+        ("model=vgg11", ValidationError, "expected one of [resnet50, resnet18, none]"),
+        ("cache=hot", ValidationError, "expected one of [warm, cold, keep]"),
+        ("on_bad_sample=ignore", ValidationError, "expected one of [raise, skip]"),
+        ("loader.crop=left", ValidationError, "expected one of [random, center]"),
+        ("loader=nodes loader.decoder=fast", ValidationError, "expected one of [torchvision, pil]"),
+        ("loader=nodes loader.method=fork", ValidationError, "expected one of [process, thread]"),
     ],
 )
 def test_bad_config_fails_at_compose_time(make_cfg, override, error, says):
     with pytest.raises(Exception) as raised:
-        make_cfg(override)
+        make_cfg(*override.split())
     # Hydra wraps the OmegaConf error; the message names the key either way.
     assert says in str(raised.value) or says in str(raised.value.__cause__)
     assert isinstance(raised.value, error) or isinstance(raised.value.__cause__, error)
@@ -140,15 +151,15 @@ def test_bad_config_fails_at_compose_time(make_cfg, override, error, says):
         ("device=gpu", "device=gpu: use auto, cpu, cuda or cuda:N"),
         ("data=celeba_digiface", "data.root is empty"),
         ("loader=datapipe loader.shuffle_buffer=0", "loader.shuffle_buffer=0: must be at least 1"),
-        ("loader=nodes loader.decoder=fast", "loader.decoder=fast: use one of torchvision, pil"),
-        ("loader=nodes loader.method=fork", "loader.method=fork: use one of process, thread"),
         ("seed=-1", "seed=-1: use a seed from 0 to 2"),
         (f"seed={2**32}", f"seed={2**32}: use a seed from 0 to 2"),
         ("data.seed=-3", "data.seed=-3: use a seed from 0 to 2"),
         ("data.root=/data/faces", "data.root=/data/faces: data=synthetic generates its own"),
         ("+unknown_key=1", "unknown_key: no such key"),
         ("loader=raw +loader.shuffle_buffer=5", "loader.shuffle_buffer: no such key"),
-        ("+data.labels=x.csv", "data.labels: no such key"),
+        ("+data.colour=red", "data.colour: no such key"),
+        ("data.labels=x.csv", "data.labels=x.csv: a labels CSV is read with data=folder"),
+        ("data=folder", "data.root is empty: data=folder reads a real dataset"),
         ("model=resnet18 host_only=true", "host_only=true measures the loader alone; it needs"),
     ],
 )
@@ -157,7 +168,16 @@ def test_bad_values_are_named(make_cfg, override, says):
         validate(make_cfg(*override.split()))
 
 
-def test_the_seed_comparison_on_a_real_layout_tree(tmp_path, cache, isolated_env, tree_factory):
+def test_the_article_experiment_is_its_sweep():
+    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        cfg = compose("train", ["+experiment=article"], return_hydra_config=True)
+    assert cfg.hydra.mode == RunMode.MULTIRUN
+    assert cfg.hydra.sweeper.params == {"loader": "dataset,datapipe,pickle", "n_workers": "5,10"}
+    assert (cfg.batch_size, cfg.model, cfg.amp) == (600, "resnet50", "auto")
+
+
+@pytest.mark.slow
+def test_the_article_comparison_on_a_real_layout_tree(tmp_path, cache, isolated_env, tree_factory):
     root = tree_factory(
         celeba={f"{i:06d}.jpg": 1 + i % 5 for i in range(1, 21)}, digiface={0: 20, 3: 20}
     )
@@ -203,7 +223,7 @@ def test_the_seed_comparison_on_a_real_layout_tree(tmp_path, cache, isolated_env
 
     # The report turns this sweep into the article's table, a chart, and a report run.
     report = subprocess.run(
-        [sys.executable, "-m", "facebench.report", "--with-seed", "--out", str(tmp_path / "r")],
+        [sys.executable, "-m", "facebench.report", "--with-article", "--out", str(tmp_path / "r")],
         cwd=tmp_path,
         env=isolated_env,
         capture_output=True,

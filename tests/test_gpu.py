@@ -7,7 +7,6 @@ import torch
 
 from facebench import loaders
 from facebench.data.sources import read_records
-from facebench.runner import before_epoch, loader_context
 from tests.helpers import assert_same_samples, delivered, expected
 
 pytestmark = pytest.mark.gpu
@@ -37,10 +36,10 @@ def test_device_paths_deliver_the_same_samples(make_cfg, synthetic_root, name, o
     )
     records, labels = read_records(synthetic_root)
     module = loaders.get(name)
-    if not getattr(module, "available", lambda: True)():
+    if not module.available():
         pytest.skip(f"loader={name}'s library is not installed")
-    ctx = loader_context(cfg, module, synthetic_root, records, labels, torch.device("cuda"))
-    before_epoch(module, ctx)
+    ctx = loaders.context(cfg, module, synthetic_root, records, labels, torch.device("cuda"))
+    module.before_epoch(ctx)
     batches = list(module.build(ctx))
     if name == "dali":  # decoded by nvJPEG: already on the GPU
         assert all(batch.images.is_cuda for batch in batches)

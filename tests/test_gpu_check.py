@@ -34,7 +34,7 @@ def test_the_gpu_check_runs_every_step_on_a_cpu(tmp_path, cache, synthetic_root)
     assert "GPU check (dry run on a CPU" in text and "gpu-marked tests:" in text
     rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
     finished = [row for row in rows[1:] if "did not run" not in row and "FAILED" not in row]
-    loaders = ["dataset", "datapipe", "pickle", "raw", "webdataset", "nodes"]
+    loaders = ["dataset", "datapipe", "pickle", "raw", "webdataset", "nodes", "dali", "litdata"]
     for mode in ("host only", "loader only, GPU finishes", "ResNet-50 AMP"):
         for loader in loaders:
             ran = any(row.startswith(f"| {mode} | {loader} | ") for row in finished)

@@ -18,10 +18,9 @@ from PIL import Image
 
 from facebench import loaders
 from facebench.data.sources import read_records
-from facebench.runner import before_epoch, loader_context
 from tests.helpers import assert_same_samples, delivered, expected
 
-# torchvision.io + tensor resampling round a little differently from PIL (README: 4 grey levels).
+# torchvision.io + tensor resampling round a little differently from PIL (4 grey levels).
 TOLERANCE = 4 / 255 / 0.225
 CASES = [
     ("dataset", ()),
@@ -141,8 +140,8 @@ def test_every_loader_gives_dataset_pixels_for_every_image_pil_accepts(
     )
     records, labels = read_records(variants_root)
     module = loaders.get(name)
-    ctx = loader_context(cfg, module, variants_root, records, labels, torch.device("cpu"))
-    before_epoch(module, ctx)
+    ctx = loaders.context(cfg, module, variants_root, records, labels, torch.device("cpu"))
+    module.before_epoch(ctx)
     seen = delivered(module.build(ctx))
     truth = expected(variants_root)
     assert sorted(seen) == sorted(truth)

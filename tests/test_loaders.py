@@ -6,12 +6,15 @@ import pytest
 import torch
 
 from facebench import loaders
+from facebench.config import LoaderConfig
 from facebench.data.sources import read_records
+from facebench.errors import ConfigError
 from facebench.loaders.base import LoaderContext
-from facebench.runner import before_epoch, loader_context, run_training
+from facebench.loaders.spec import LoaderSpec
+from facebench.runner import run_training
 from tests.helpers import assert_same_samples, delivered, expected
 
-# pixel for pixel the seed's preprocessing
+# pixel for pixel the article's preprocessing
 EXACT = ["dataset", "datapipe", "pickle", "raw", "litdata"]
 # torchvision.io + tensor resampling, or DALI's decoders and resize: the same libraries decode,
 # resampling rounds a little differently.
@@ -24,7 +27,7 @@ TOLERANCE = 4 / 255 / 0.225  # four grey levels, in normalized units
 def context(cfg, root) -> LoaderContext:
     records, labels = read_records(root)
     module = loaders.get(cfg.loader.name)
-    return loader_context(cfg, module, root, records, labels, torch.device("cpu"))
+    return loaders.context(cfg, module, root, records, labels, torch.device("cpu"))
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +45,7 @@ def _epoch(make_cfg, synthetic_root, name, n_workers, batch_size):
     )
     module = loaders.get(name)
     ctx = context(cfg, synthetic_root)
-    before_epoch(module, ctx)
+    module.before_epoch(ctx)
     return delivered(module.build(ctx))
 
 
@@ -73,6 +76,22 @@ def test_unknown_loader_lists_the_choices():
         loaders.get("nope")
 
 
+def test_every_configured_loader_declares_its_contract():
+    # conf/loader/<name>.yaml names a module that defines LOADER = LoaderSpec(...).
+    assert "dataset" in loaders.names() and "base" not in loaders.names()
+    for name in loaders.names():
+        spec = loaders.get(name)
+        assert isinstance(spec, LoaderSpec), name
+        assert issubclass(spec.options, LoaderConfig), name
+
+
+def test_a_module_without_a_contract_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "base.yaml").write_text("name: base\n")  # a helper module, not a loader
+    monkeypatch.setattr(loaders, "CONFIGS", tmp_path)
+    with pytest.raises(ConfigError, match="defines no LOADER = LoaderSpec"):
+        loaders.get("base")
+
+
 @pytest.mark.parametrize("name", LOADERS)
 def test_host_only_delivers_every_sample_once_as_a_gpu_run_receives_it(make_cfg, name):
     metrics = run_training(
@@ -87,7 +106,7 @@ def test_the_device_finishes_the_loaders_that_hand_over_uint8(make_cfg, syntheti
     cfg = make_cfg(f"loader={name}", "shard_size=32", "batch_size=4")
     module = loaders.get(name)
     ctx = context(cfg, synthetic_root)
-    before_epoch(module, ctx)
+    module.before_epoch(ctx)
     batch = next(iter(module.build(ctx)))
     if name in UINT8:
         assert batch.images.dtype == torch.uint8 and batch.images.shape[1:] == (112, 112, 3)

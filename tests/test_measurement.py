@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 import torch
 
 from facebench.epoch import EpochSettings, run_epoch
 from facebench.loaders.base import Batch
-from facebench.meter import DeviceBusy
+from facebench.meter import DeviceBusy, EpochMeter, EpochTimes
 from facebench.order import batch_label_diversity, expected_distinct_labels, order_corr
 from facebench.pagecache import evict, resident_fraction, warm
 from facebench.runner import run_training, summarise
@@ -18,11 +16,9 @@ from facebench.runner import run_training, summarise
 CPU = EpochSettings(torch.device("cpu"), sample_hz=0)
 
 
-def _batches(n_batches: int, batch_size: int = 16, delay_s: float = 0.0):
+def _batches(n_batches: int, batch_size: int = 16):
     def build():
         for index in range(n_batches):
-            if delay_s:
-                time.sleep(delay_s)  # a slow loader, on purpose
             ids = torch.arange(index * batch_size, (index + 1) * batch_size)
             yield Batch(torch.zeros(batch_size, 3, 8, 8), ids % 7, ids)
 
@@ -48,13 +44,49 @@ def test_metrics_are_consistent(make_cfg):
     assert not any(name.startswith("gpu_") for name in metrics)
 
 
+class FakeClock:
+    """A clock the test moves: every duration the meter reports is set exactly."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _timed(waits: list[float], step_s: float, batch_size: int = 16) -> EpochTimes:
+    """An epoch whose loader takes waits[i] for batch i and whose step takes step_s."""
+    clock = FakeClock()
+    meter = EpochMeter(torch.device("cpu"), clock=clock)
+    meter.start()
+    asked_at = meter.started_at
+    for wait in waits:
+        clock.now += wait
+        meter.batch(asked_at, batch_size)
+        clock.now += step_s
+        asked_at = meter.waiting()
+    return meter.stop()
+
+
 def test_a_slow_loader_shows_as_data_wait():
-    fast = run_epoch(_batches(10), None, CPU).times
-    slow = run_epoch(_batches(10, delay_s=0.03), None, CPU).times
-    assert slow.data_wait_s >= 10 * 0.03 * 0.9
-    assert slow.data_wait_frac > 0.8
-    assert slow.data_wait_frac > fast.data_wait_frac
-    assert slow.epoch_time_s > fast.epoch_time_s
+    fast = _timed([0.001] * 10, step_s=0.01)
+    slow = _timed([0.03] * 10, step_s=0.01)
+    assert slow.data_wait_s == pytest.approx(0.3)
+    assert slow.epoch_time_s == pytest.approx(0.4)
+    assert slow.data_wait_frac == pytest.approx(0.75)
+    assert fast.data_wait_frac == pytest.approx(0.01 / 0.11)
+    assert slow.images_per_s == pytest.approx(160 / 0.4)
+
+
+def test_steady_rate_leaves_out_the_warmup():
+    # A loader slow only for its first batch (worker start-up): the steady rate must not see it.
+    times = _timed([0.2] + [0.01] * 19, step_s=0.01)
+    assert times.warmup_batches == 2
+    assert times.time_to_first_batch_s == pytest.approx(0.2)
+    # Batches 2..19 arrived in the 18 cycles (step, then wait) after batch 1 arrived.
+    assert times.steady_images_per_s == pytest.approx(18 * 16 / (18 * 0.02))
+    # The whole epoch: the slow first batch and its step, then 19 cycles.
+    assert times.images_per_s == pytest.approx(20 * 16 / (0.2 + 0.01 + 19 * 0.02))
 
 
 def test_max_batches_stops_the_epoch():
@@ -62,20 +94,6 @@ def test_max_batches_stops_the_epoch():
         _batches(10), None, EpochSettings(torch.device("cpu"), max_batches=3, sample_hz=0)
     )
     assert result.times.batches == 3 and result.times.samples_seen == 48
-
-
-def test_steady_rate_leaves_out_the_warmup():
-    # A loader that is slow only for its first batch: the steady rate must not see that.
-    def build():
-        for index, batch in enumerate(_batches(20)()):
-            if index == 0:
-                time.sleep(0.2)
-            yield batch
-
-    times = run_epoch(build, None, CPU).times
-    assert times.warmup_batches == 2
-    assert times.time_to_first_batch_s >= 0.2
-    assert times.steady_images_per_s > 3 * times.images_per_s
 
 
 def test_cold_evicts_and_warm_reads_in(synthetic_root):
@@ -136,6 +154,7 @@ def test_summarise_takes_medians():
     assert (summary["epoch_time_s_min"], summary["epoch_time_s_max"]) == (1.0, 3.0)
 
 
+@pytest.mark.slow
 def test_compute_ceiling_loader_runs_without_files(make_cfg):
     metrics = run_training(make_cfg("loader=synthetic", "model=resnet18", "amp=off"))
     assert metrics["samples_seen"] == 120

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from facebench.app import user_message
 from facebench.data.sources import read_records
 from facebench.errors import ShardError
+from facebench.jobs import user_message
 from facebench.loaders import pickle as pickle_loader
 from facebench.runner import run_training
 from facebench.shards import pickle_format
@@ -173,13 +173,12 @@ def test_shards_rebuilt_during_the_run_are_refused_in_one_line(
     happened, instead of a traceback for a deleted file or, worse, mixing two shard sets."""
     from facebench import loaders
     from facebench.loaders.shardsets import ShardsChanged
-    from facebench.runner import before_epoch
     from tests.test_loaders import context
 
     cfg = make_cfg(f"loader={loader}", f"shards_dir={tmp_path}", "shard_size=20", "batch_size=4")
     module = loaders.get(loader)
     ctx = context(cfg, synthetic_root)
-    before_epoch(module, ctx)
+    module.before_epoch(ctx)
     batches = iter(module.build(ctx))
     next(batches)
     ensure_shards(ctx.data_root, ctx.shards_dir, ctx.shards_dir.name, seed=1, shard_size=20)
@@ -218,14 +217,13 @@ def test_raw_reads_the_shards_it_opened_even_if_they_are_rebuilt(
     """raw opens its shard files when the epoch starts: a rebuild meanwhile (new files under the
     same names) changes nothing in that epoch, which sees every sample once with its label."""
     from facebench import loaders
-    from facebench.runner import before_epoch
     from tests.helpers import delivered
     from tests.test_loaders import context
 
     cfg = make_cfg("loader=raw", f"shards_dir={tmp_path}", "shard_size=20", "batch_size=4")
     module = loaders.get("raw")
     ctx = context(cfg, synthetic_root)
-    before_epoch(module, ctx)
+    module.before_epoch(ctx)
     batches = iter(module.build(ctx))
     first = next(batches)
     ensure_shards(ctx.data_root, ctx.shards_dir, "raw", seed=1, shard_size=20)

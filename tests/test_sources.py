@@ -8,7 +8,6 @@ from facebench.data.sources import (
     CELEBA,
     DIGIFACE,
     celeba_identities,
-    label_space,
     list_digiface,
     read_records,
 )
@@ -103,7 +102,7 @@ def test_digiface_folder_that_is_not_an_identity_is_an_error(tree_factory):
     root = tree_factory(celeba={"000001.jpg": 1}, digiface={0: 1})
     (root / "DigiFace1M" / "extras").mkdir()
     with pytest.raises(DataError, match="extras: DigiFace1M folder names are integer"):
-        label_space(root)
+        read_records(root)
 
 
 def test_a_label_file_that_is_not_text_is_named(tree_factory):

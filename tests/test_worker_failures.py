@@ -26,7 +26,7 @@ def _open_files(limit: int):
 
 
 def test_long_epochs_fit_a_small_open_file_limit(tmp_path, cache, isolated_env):
-    # 1,200 batches of one image with 2 workers, under a limit of 256 open files: a loop that
+    # 600 batches of one image with 2 workers, under a limit of 256 open files: a loop that
     # kept every batch's tensors from the workers (one descriptor each) ran out after about 200.
     sweep = tmp_path / "multirun"
     result = subprocess.run(
@@ -36,7 +36,7 @@ def test_long_epochs_fit_a_small_open_file_limit(tmp_path, cache, isolated_env):
             "-m",
             f"loader={','.join(LOADERS)}",
             f"data.cache_dir={cache}",
-            "data.n_images=1200",
+            "data.n_images=600",
             "shards_dir=${data.cache_dir}/long-epochs",
             "shard_size=100",
             "batch_size=1",
@@ -60,7 +60,7 @@ def test_long_epochs_fit_a_small_open_file_limit(tmp_path, cache, isolated_env):
     assert sorted(results) == sorted(LOADERS), output[-3000:]
     for loader, run in results.items():
         assert run["status"] == "FINISHED", (loader, output[-3000:])
-        assert run["metrics"]["batches"] >= 1200 - 2, loader  # one partial batch per worker
+        assert run["metrics"]["batches"] >= 600 - 2, loader  # one partial batch per worker
     assert result.returncode == 0, output[-3000:]
 
 

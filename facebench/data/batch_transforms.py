@@ -1,4 +1,4 @@
-"""The seed's RandomCrop(100) -> ToTensor -> Normalize, on a whole uint8 batch at once.
+"""The article's RandomCrop(100) -> ToTensor -> Normalize, on a whole uint8 batch at once.
 
 Same semantics as the per-sample transform (data.transforms) applied after its deterministic
 Resize(112, 112): each sample gets its own uniformly drawn crop offset, pixels are divided by 255

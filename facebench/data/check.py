@@ -16,15 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from facebench.atomic import write_atomic
+from facebench.config import OnBadSample, choice
 from facebench.data.images import BadImage, open_sample
-from facebench.data.sources import Record
+from facebench.data.sources import FACES, LabelSpace, Layout, Record, read_records
 from facebench.errors import DataError, FacebenchError
 from facebench.parallel import map_in_processes
 from facebench.progress import progress
 
 log = logging.getLogger(__name__)
 
-ON_BAD_SAMPLE = ("raise", "skip")
 _CHUNK = 2000
 
 
@@ -36,6 +36,25 @@ class Usable:
     @property
     def excluded(self) -> frozenset[str]:
         return frozenset(path for path, _ in self.skipped)
+
+
+@dataclass(frozen=True)
+class Listing:
+    """The data as found, once, before any clock: every record, their labels, the usable ones."""
+
+    root: Path
+    records: list[Record]
+    labels: LabelSpace
+    usable: Usable
+
+
+def list_usable(
+    root: Path, on_bad_sample: str, cache: Path, n_procs: int = 1, layout: Layout = FACES
+) -> Listing:
+    """List every sample under root and check that its files can be used."""
+    records, labels = read_records(root, layout)
+    usable = usable_records(records, root, on_bad_sample, cache, n_procs)
+    return Listing(root, records, labels, usable)
 
 
 def source_fingerprint(records: list[Record], root: Path) -> str:
@@ -83,8 +102,7 @@ def usable_records(
     records: list[Record], root: Path, on_bad_sample: str, cache: Path, n_procs: int = 1
 ) -> Usable:
     """The records to use; raises DataError on the first bad file when on_bad_sample=raise."""
-    if on_bad_sample not in ON_BAD_SAMPLE:
-        raise DataError(f"on_bad_sample={on_bad_sample}: use raise or skip")
+    on_bad_sample = choice(OnBadSample, on_bad_sample, "on_bad_sample")
     if on_bad_sample == "raise":
         missing = [(r.path, reason) for r in records if (reason := _stat_problem(r.path))]
         if missing:

@@ -1,4 +1,4 @@
-"""A faster decode-and-transform with the seed's semantics: torchvision.io and uint8 tensors.
+"""A faster decode-and-transform with the article's semantics: torchvision.io and uint8 tensors.
 
 Grey and colour (YCbCr) JPEGs decode with torchvision.io (libjpeg-turbo, as PIL uses, without
 PIL's per-image overhead). Everything else decodes with PIL, so that every image PIL accepts gives
@@ -62,7 +62,7 @@ def jpeg_components(data: bytes) -> int | None:
 
 
 def decode_resized(data: bytes, source: str, name: str = "<bytes>") -> torch.Tensor:
-    """Encoded image bytes -> (112, 112, 3) uint8, HWC, as the seed prepared it."""
+    """Encoded image bytes -> (112, 112, 3) uint8, HWC, as the article prepared it."""
     if not data:
         raise bad_image(name, ValueError("empty file"))
     if jpeg_components(data) in (1, 3):

@@ -1,4 +1,4 @@
-"""Decoding one sample as the seed did, shared by every loader and by prepare.py.
+"""Decoding one sample as the article did, shared by every loader and by prepare.py.
 
 A file that cannot be decoded raises DataError naming it, in whichever process decodes it; the
 DataLoader carries that to the main process, which reports it in one line.
@@ -14,13 +14,13 @@ from facebench.data.sources import CELEBA
 from facebench.errors import DataError
 
 # CelebA's aligned faces are framed more loosely than DigiFace1M's: this 128x128 box
-# (left, top, right, bottom) brings them to a similar crop, as the seed did.
+# (left, top, right, bottom) brings them to a similar crop, as the article did.
 CELEBA_BOX = (25, 45, 153, 173)
 _DECODE_ERRORS = (OSError, UnidentifiedImageError, SyntaxError, ValueError)
 
 
 def as_sample(image: Image.Image, source: str) -> Image.Image:
-    """An opened image as the seed used it: RGB (from grey, palette or RGBA), CelebA cropped."""
+    """An opened image as the article used it: RGB (from grey, palette or RGBA), CelebA cropped."""
     rgb = image.convert("RGB")
     return rgb.crop(CELEBA_BOX) if source == CELEBA else rgb
 

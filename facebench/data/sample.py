@@ -22,6 +22,9 @@ from facebench.data.sources import (
     CELEBA_IMAGES,
     CELEBA_LABELS,
     DIGIFACE,
+    FACES,
+    LabelSpace,
+    Layout,
     Record,
     celeba_identities,
 )
@@ -29,11 +32,23 @@ from facebench.data.sources import (
 log = logging.getLogger(__name__)
 
 
-def sample_tree(root: Path, records: list[Record], n: int, cache: Path, seed: int = 0) -> Path:
-    """A tree of n of the records (all of them when there are fewer), linking to their files."""
+def sample_tree(
+    root: Path,
+    records: list[Record],
+    n: int,
+    cache: Path,
+    seed: int = 0,
+    layout: Layout = FACES,
+    labels: LabelSpace | None = None,
+) -> Path:
+    """A tree of n of the records (all of them when there are fewer), linking to their files.
+
+    Folder data keeps every class folder (empty where no image was drawn), so class indices stay
+    the same; a labels CSV is written anew as `labels.csv` for the sample."""
     if n >= len(records):
         return root
-    key = hashlib.sha256(f"{root.resolve()}\t{len(records)}\t{n}\t{seed}".encode()).hexdigest()
+    what = f"{root.resolve()}\t{len(records)}\t{n}\t{seed}\t{layout.kind}\t{layout.labels}"
+    key = hashlib.sha256(what.encode()).hexdigest()
     target = cache / "samples" / f"{key[:16]}-n{n}"
     if target.is_dir():
         return target
@@ -41,7 +56,10 @@ def sample_tree(root: Path, records: list[Record], n: int, cache: Path, seed: in
     staging = target.with_name(f".{target.name}.partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     log.info("sampling %d of %d images into %s (links to the originals)", n, len(records), target)
-    _write(staging, root, [records[i] for i in chosen])
+    if layout.kind == "folder":
+        _write_folder(staging, root, [records[i] for i in chosen], layout, labels or LabelSpace())
+    else:
+        _write(staging, root, [records[i] for i in chosen])
     try:
         staging.rename(target)
     except OSError:  # another process finished the same sample first
@@ -64,3 +82,20 @@ def _write(staging: Path, root: Path, records: list[Record]) -> None:
             link.parent.mkdir(parents=True, exist_ok=True)
         os.symlink(os.path.abspath(record.path), link)
     (staging / CELEBA / CELEBA_LABELS).write_text("".join(lines), encoding="utf-8")
+
+
+def _write_folder(
+    staging: Path, root: Path, records: list[Record], layout: Layout, labels: LabelSpace
+) -> None:
+    staging.mkdir(parents=True)
+    for name in labels.classes if not layout.labels else ():
+        (staging / name).mkdir()
+    rows = ["path,label\n"]
+    for record in records:
+        relative = Path(record.path).relative_to(root)
+        link = staging / relative
+        link.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(os.path.abspath(record.path), link)
+        rows.append(f'"{relative.as_posix()}",{labels.classes[record.label]}\n')
+    if layout.labels:
+        (staging / "labels.csv").write_text("".join(rows), encoding="utf-8")

@@ -1,4 +1,5 @@
-"""CelebA (aligned) and DigiFace1M read from their real layouts, with one label space.
+"""Where samples come from: CelebA (aligned) and DigiFace1M in their real layouts, with one label
+space, or any image folder (facebench/data/folder.py).
 
     <root>/CelebA/identity_CelebA.txt          "000001.jpg 2880" per line, identities 1-based
     <root>/CelebA/img_align_celeba/000001.jpg  178x218 RGB JPEG
@@ -15,8 +16,8 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
+from facebench.data.records import LabelSpace, Record
 from facebench.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -26,30 +27,6 @@ DIGIFACE = "DigiFace1M"
 CELEBA_LABELS = "identity_CelebA.txt"
 CELEBA_IMAGES = "img_align_celeba"
 DIGIFACE_SUFFIX = ".png"
-
-
-class Record(NamedTuple):
-    """One sample: where its file is, its class, and which source it comes from."""
-
-    path: str
-    label: int
-    source: str
-
-
-@dataclass(frozen=True)
-class LabelSpace:
-    n_celeba: int  # the largest CelebA identity: CelebA labels are 0 .. n_celeba - 1
-    n_digiface: int  # the largest DigiFace folder number + 1
-
-    @property
-    def n_classes(self) -> int:
-        return self.n_celeba + self.n_digiface
-
-    def celeba_label(self, identity: int) -> int:
-        return identity - 1
-
-    def digiface_label(self, folder: int) -> int:
-        return self.n_celeba + folder
 
 
 @dataclass(frozen=True)
@@ -62,7 +39,7 @@ def _require_dir(path: Path, what: str) -> None:
     if not path.is_dir():
         raise DataError(
             f"{path}: {what} not found. data.root must hold CelebA/ and DigiFace1M/ "
-            "in the layout described in the README"
+            "in the layout described in docs/loaders.md"
         )
 
 
@@ -147,7 +124,7 @@ def list_digiface(root: str | os.PathLike) -> DigiFaceListing:
     ignored = 0
     for number, folder in _digiface_folders(root):
         for name in sorted(os.listdir(folder)):
-            if name.endswith(DIGIFACE_SUFFIX):  # case-sensitive, like the seed and FileLister
+            if name.endswith(DIGIFACE_SUFFIX):  # case-sensitive, like the article and FileLister
                 files.append((number, os.path.join(folder, name)))
             else:
                 ignored += 1
@@ -162,11 +139,6 @@ def _label_space(identities: list[tuple[str, int]], root: str | os.PathLike) -> 
         n_celeba=max(identity for _, identity in identities),
         n_digiface=numbers[-1] + 1 if numbers else 0,
     )
-
-
-def label_space(root: str | os.PathLike) -> LabelSpace:
-    """The class count, cheaply: the label file and DigiFace's folder names, no image listing."""
-    return _label_space(celeba_identities(root), root)
 
 
 def celeba_records(
@@ -194,9 +166,42 @@ def digiface_record(path: str, labels: LabelSpace) -> Record:
     return Record(path, labels.digiface_label(folder), DIGIFACE)
 
 
-def read_records(root: str | os.PathLike) -> tuple[list[Record], LabelSpace]:
+def read_faces(root: str | os.PathLike) -> tuple[list[Record], LabelSpace]:
     """All samples, CelebA first, then DigiFace1M, with the label space they share."""
     identities = celeba_identities(root)
     labels = _label_space(identities, root)
     records = celeba_records(root, labels, identities) + digiface_records(root, labels)
     return records, labels
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the data under data.root is laid out."""
+
+    kind: str = "faces"  # faces: CelebA/ + DigiFace1M/; folder: class folders, or a labels CSV
+    labels: str = ""  # folder only: a "path,label" CSV, relative to the root or absolute
+
+
+FACES = Layout()
+
+
+def read_records(
+    root: str | os.PathLike, layout: Layout = FACES
+) -> tuple[list[Record], LabelSpace]:
+    """Every sample in canonical order (its position is its id), with the label space."""
+    if layout.kind == "folder":
+        from facebench.data.folder import csv_records, folder_records
+
+        folder = Path(root)
+        return csv_records(folder, layout.labels) if layout.labels else folder_records(folder)
+    return read_faces(root)
+
+
+def records_by_source(
+    root: str | os.PathLike, labels: LabelSpace, layout: Layout = FACES
+) -> list[list[Record]]:
+    """The samples listed again, one list per source, for loaders that list inside the clock as
+    the article's did: CelebA from its label file, then DigiFace1M; or the folder's."""
+    if layout.kind == "folder":
+        return [read_records(root, layout)[0]]
+    return [celeba_records(root, labels), digiface_records(root, labels)]

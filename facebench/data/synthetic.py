@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from facebench.data.sources import CELEBA, CELEBA_IMAGES, CELEBA_LABELS, DIGIFACE
-from facebench.data.synthetic_images import celeba_like_jpeg, digiface_like_png
+from facebench.data.synthetic_images import celeba_like_jpeg, digiface_like_png, folder_image
 from facebench.errors import DataError
 from facebench.parallel import map_in_processes
 from facebench.progress import progress
@@ -66,13 +66,19 @@ class SyntheticPlan:
         return divmod(index, DIGIFACE_PER_IDENTITY)
 
 
-def synthetic_root(cache: Path, n_images: int, seed: int) -> Path:
-    return cache / "synthetic" / f"n{n_images}-seed{seed}-v{GENERATOR_VERSION}"
+def synthetic_root(cache: Path, n_images: int, seed: int, layout: str = "faces") -> Path:
+    kind = "" if layout == "faces" else f"-{layout}"
+    return cache / "synthetic" / f"n{n_images}-seed{seed}{kind}-v{GENERATOR_VERSION}"
 
 
-def ensure_synthetic(cache: Path, n_images: int, seed: int = 0, n_procs: int = 0) -> Path:
-    """The root of a synthetic tree of n_images, generated first if it is not in the cache."""
-    root = synthetic_root(cache, n_images, seed)
+def ensure_synthetic(
+    cache: Path, n_images: int, seed: int = 0, n_procs: int = 0, layout: str = "faces"
+) -> Path:
+    """The root of a synthetic tree of n_images, generated first if it is not in the cache.
+
+    layout="faces": CelebA/ and DigiFace1M/ as published; "folder": class folders of images of
+    mixed sizes, modes and formats (see facebench.data.synthetic_images.folder_image)."""
+    root = synthetic_root(cache, n_images, seed, layout)
     if root.is_dir():
         log.info("synthetic data: reusing %s", root)
         return root
@@ -81,7 +87,8 @@ def ensure_synthetic(cache: Path, n_images: int, seed: int = 0, n_procs: int = 0
     shutil.rmtree(staging, ignore_errors=True)
     log.info("synthetic data: generating %d images into %s", n_images, root)
     try:
-        _generate(staging, SyntheticPlan(n_images, seed), n_procs or os.cpu_count() or 1)
+        generate = _generate_folder if layout == "folder" else _generate
+        generate(staging, SyntheticPlan(n_images, seed), n_procs or os.cpu_count() or 1)
     except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)  # a half-written tree keeps nothing
         if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -130,7 +137,13 @@ def _generate(staging: Path, plan: SyntheticPlan, n_procs: int) -> None:
 
 def _write_chunk(task: tuple[str, str, SyntheticPlan, int, int]) -> int:
     source, staging, plan, start, stop = task
-    if source == CELEBA:
+    if source == "folder":
+        classes = folder_classes(plan.n_images)
+        for index in range(start, stop):
+            data, extension = folder_image(index % len(classes), index, plan.seed)
+            with open(folder_file(staging, classes, index, extension), "wb") as file:
+                file.write(data)
+    elif source == CELEBA:
         identities = plan.celeba_identities()
         folder = os.path.join(staging, CELEBA, CELEBA_IMAGES)
         for index in range(start, stop):
@@ -145,3 +158,37 @@ def _write_chunk(task: tuple[str, str, SyntheticPlan, int, int]) -> int:
             with open(path, "wb") as file:
                 file.write(data)
     return stop - start
+
+
+FOLDER_PER_CLASS = 50
+# Class folder names: sorted, they give the class indices; spaces and non-ASCII letters on purpose.
+_CLASS_NAMES = ("class {:03d}", "façade {:03d}", "ñandú {:03d}", "Ωmega {:03d}")
+
+
+def folder_classes(n_images: int) -> list[str]:
+    """The class folders' names of a synthetic folder set, in generation order."""
+    n_classes = max(2, math.ceil(n_images / FOLDER_PER_CLASS))
+    return [_CLASS_NAMES[c % len(_CLASS_NAMES)].format(c) for c in range(n_classes)]
+
+
+def folder_file(root: str, classes: list[str], index: int, extension: str) -> str:
+    """Where the index-th image goes: its class folder, every fourth one a level deeper."""
+    name = classes[index % len(classes)]
+    nested = ("more",) if index % 4 == 3 else ()
+    return os.path.join(root, name, *nested, f"img {index:06d}{extension}")
+
+
+def _generate_folder(staging: Path, plan: SyntheticPlan, n_procs: int) -> None:
+    classes = folder_classes(plan.n_images)
+    for name in classes:
+        (staging / name / "more").mkdir(parents=True)
+        (staging / name / "notes.txt").write_text("not an image: ignored\n", encoding="utf-8")
+    (staging / "README.txt").write_text("outside any class folder: ignored\n", encoding="utf-8")
+    tasks = [
+        ("folder", str(staging), plan, start, min(start + _CHUNK, plan.n_images))
+        for start in range(0, plan.n_images, _CHUNK)
+    ]
+    written = map_in_processes(_write_chunk, tasks, n_procs)
+    counted = (n for count in written for n in range(count))
+    for _ in progress(counted, plan.n_images, "generating", "images", log):
+        pass

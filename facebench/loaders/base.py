@@ -20,7 +20,8 @@ from torch.utils.data import (
 
 from facebench.config import LoaderConfig
 from facebench.data.batch_transforms import crop_offsets
-from facebench.data.sources import LabelSpace, Record
+from facebench.data.check import Listing
+from facebench.data.sources import FACES, LabelSpace, Layout, Record
 from facebench.data.transforms import CROP, RESIZE
 from facebench.distributed import World
 from facebench.resources import WORKER_OWN_BYTES, batch_bytes
@@ -57,14 +58,14 @@ class LoaderContext:
     data_root: Path
     labels: LabelSpace
     # Every sample in canonical order, listed before the clock starts. Loaders that time their own
-    # listing (as the seed's did) list again inside the clock; this one is for checks and ids.
+    # listing (as the article's did) list again inside the clock; this one is for checks and ids.
     records: list[Record]
     batch_size: int
     n_workers: int
     seed: int
     device: torch.device
     transform: Callable[[Any], torch.Tensor]
-    shards_dir: Path
+    shards_dir: Path | None  # None for loaders that read no shards
     shard_size: int
     # Paths left out with on_bad_sample=skip; loaders that list files themselves drop these too.
     excluded: frozenset[str] = frozenset()
@@ -76,6 +77,10 @@ class LoaderContext:
     verify_shards: bool = False
     # Where facebench keeps its own files (checks, generated data).
     cache: Path = Path(".cache")
+    # The data as the run listed and checked it before the clock; shard builds reuse it.
+    listing: Listing | None = None
+    # How data_root is laid out, for loaders that list it themselves inside the clock.
+    layout: Layout = FACES
 
     def epoch_seed(self) -> int:
         """A seed for this epoch's shuffle, the same on every rank and worker."""
@@ -94,7 +99,7 @@ def data_loader(
     batched: bool = False,
     sampler: Sampler | None = None,
 ) -> Iterable[Batch]:
-    """A torch DataLoader with the settings every loader shares (drop_last, as the seed).
+    """A torch DataLoader with the settings every loader shares (drop_last, as the article).
 
     batched=True: the dataset yields whole batches itself, and the DataLoader only moves them.
     """

@@ -21,7 +21,6 @@ with PIL, and named.
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import logging
 from collections import deque
@@ -34,32 +33,21 @@ from PIL import Image
 from facebench.config import LoaderConfig
 from facebench.data.fast_decode import jpeg_components
 from facebench.data.images import CELEBA_BOX, decode_sample
-from facebench.data.sources import CELEBA, Record, celeba_records, digiface_records
+from facebench.data.sources import CELEBA, Record, records_by_source
 from facebench.data.transforms import RESIZE
-from facebench.errors import ConfigError, FacebenchError
+from facebench.errors import FacebenchError
 from facebench.loaders.base import Batch, LoaderContext, batch_offsets, usable
+from facebench.loaders.spec import LoaderSpec
 from facebench.resources import batch_bytes
 
 log = logging.getLogger(__name__)
 
-Options = LoaderConfig
 _PNG = b"\x89PNG\r\n\x1a\n"
 _PLAIN_PNG = {(8, 0), (8, 2), (8, 6)}  # (bit depth, colour type): 8-bit grey, RGB, RGBA
 _BOX_ANCHOR = np.array([CELEBA_BOX[1], CELEBA_BOX[0]], dtype=np.int32)  # (top, left)
 _BOX_SHAPE = np.array(
     [CELEBA_BOX[3] - CELEBA_BOX[1], CELEBA_BOX[2] - CELEBA_BOX[0]], dtype=np.int32
 )
-
-
-def available() -> bool:
-    return importlib.util.find_spec("nvidia.dali") is not None
-
-
-def _require() -> None:
-    if not available():
-        raise ConfigError(
-            "loader=dali needs NVIDIA DALI, which is not installed: pip install -e '.[dali]'"
-        )
 
 
 def dali_ready(data: bytes) -> bool:
@@ -156,11 +144,14 @@ class DaliBatches:
     """One epoch of DALI batches as facebench Batches (uint8 images, crop offsets, ids)."""
 
     def __init__(self, ctx: LoaderContext) -> None:
-        _require()
+        LOADER.require("dali")
         self.ctx = ctx
         # Listed inside the clock, as loader=dataset does: the same start-up work.
-        self.records = usable(celeba_records(ctx.data_root, ctx.labels), ctx)
-        self.records += usable(digiface_records(ctx.data_root, ctx.labels), ctx)
+        self.records = [
+            record
+            for source in records_by_source(ctx.data_root, ctx.labels, ctx.layout)
+            for record in usable(source, ctx)
+        ]
         self.labels = np.array([record.label for record in self.records], dtype=np.int64)
         order = np.random.default_rng(ctx.epoch_seed()).permutation(len(self.records))
         self.source = Source(self.records, order, ctx)
@@ -214,3 +205,11 @@ def worker_memory(ctx: LoaderContext) -> int:
 
 def build(ctx: LoaderContext) -> DaliBatches:
     return DaliBatches(ctx)
+
+
+LOADER = LoaderSpec(
+    options=LoaderConfig,
+    build=build,
+    worker_memory=worker_memory,
+    requires=("nvidia.dali", "dali"),
+)

@@ -1,20 +1,23 @@
-"""The seed's second pipeline, with the DataPipes built into torch (torchdata 0.10+ has none).
+"""The article's second pipeline, with the DataPipes built into torch (torchdata 0.10+ has none).
 
     IterableWrapper(CelebA records)
       .concat(FileLister(DigiFace1M, "*.png", recursive).map(to record))
-      .shuffle(buffer_size)          # the seed's 100,000
+      .shuffle(buffer_size)          # the article's 100,000
       .batch(batch_size, drop_last)  # see below
       .sharding_filter()
       .load_images(transform)
 
-Kept as the seed built it, costs included: every worker lists every file and fills its own
+Folder data (data=folder): a FileLister over the class folders, or the labels CSV's rows, in place
+of the two sources.
+
+Kept as the article built it, costs included: every worker lists every file and fills its own
 shuffle buffer of `shuffle_buffer` records before yielding anything (time to first batch, and a
 buffer's worth of memory per worker), and only then drops what belongs to the other workers. The
 DataLoader gives every worker the same shuffle seed, which is what lets sharding_filter split one
 order among them without gaps or repeats.
 
 One change: batches are formed before sharding_filter, not by the DataLoader in each worker. The
-seed's way drops a partial batch per worker (up to n_workers * (batch_size - 1) samples an epoch;
+article's way drops a partial batch per worker (up to n_workers * (batch_size - 1) samples an epoch;
 on a small dataset, every sample). Formed here, only the epoch's one remainder is dropped, as in
 loader=dataset. Each worker still decodes and transforms its samples and sends whole batches.
 """
@@ -32,18 +35,27 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe
 from torch.utils.data.datapipes.iter import FileLister, IterableWrapper
 
 from facebench.config import LoaderConfig
+from facebench.data.folder import FOLDER, image_extensions, is_image_name
 from facebench.data.images import open_sample
 from facebench.data.sample_index import SampleIndex
-from facebench.data.sources import CELEBA, DIGIFACE, LabelSpace, celeba_records, digiface_record
+from facebench.data.sources import (
+    CELEBA,
+    DIGIFACE,
+    LabelSpace,
+    celeba_records,
+    digiface_record,
+    records_by_source,
+)
 from facebench.loaders import base
 from facebench.loaders.base import Batch, LoaderContext, data_loader, usable
+from facebench.loaders.spec import LoaderSpec
 
 PipeRecord = tuple[str, int, str, int]  # path, label, source, sample id
 
 
 @dataclass
 class Options(LoaderConfig):
-    # Records held by each worker's Shuffler; the seed's 100,000.
+    # Records held by each worker's Shuffler; the article's 100,000.
     shuffle_buffer: int = 100_000
 
 
@@ -69,6 +81,39 @@ class DigiFaceRecord:
     def __call__(self, path: str) -> PipeRecord:
         record = digiface_record(path, self.labels)
         return record.path, record.label, record.source, self.ids(path)
+
+
+class KeepClassImage:
+    """What folder_records lists too: image files under a class folder, less what
+    on_bad_sample=skip left out (picklable, for the workers)."""
+
+    def __init__(self, root: str, classes: dict[str, int], excluded: frozenset[str]) -> None:
+        self.root = root
+        self.classes = classes
+        self.extensions = image_extensions()
+        self.excluded = excluded
+
+    def __call__(self, path: str) -> bool:
+        top = os.path.relpath(path, self.root).split(os.sep, 1)[0]
+        return (
+            top in self.classes
+            and is_image_name(path, self.extensions)
+            and path not in self.excluded
+            and top != os.path.relpath(path, self.root)  # a file in the root is no class's
+        )
+
+
+class FolderRecord:
+    """A class folder's file from the FileLister -> (path, label, source, sample id)."""
+
+    def __init__(self, root: str, classes: dict[str, int], ids: SampleIndex) -> None:
+        self.root = root
+        self.classes = classes
+        self.ids = ids
+
+    def __call__(self, path: str) -> PipeRecord:
+        top = os.path.relpath(path, self.root).split(os.sep, 1)[0]
+        return path, self.classes[top], FOLDER, self.ids(path)
 
 
 class TakeFirst(IterDataPipe):
@@ -98,8 +143,19 @@ class ImageBatchLoader(IterDataPipe):
             yield Batch(images, labels, ids)
 
 
-def build_datapipe(ctx: LoaderContext) -> IterDataPipe:
-    options: Options = ctx.options
+def listed(ctx: LoaderContext) -> IterDataPipe:
+    """Every sample as the article listed it, inside the clock: CelebA's records from its label
+    file, then a FileLister over DigiFace1M; a folder data set's FileLister over its class
+    folders, or its labels CSV's rows."""
+    if ctx.layout.kind == "folder":
+        root = str(ctx.data_root)
+        ids = SampleIndex([r.path for r in ctx.records])
+        if ctx.layout.labels:
+            rows = usable(records_by_source(ctx.data_root, ctx.labels, ctx.layout)[0], ctx)
+            return IterableWrapper([(*r, ids(r.path)) for r in rows], deepcopy=False)
+        classes = ctx.labels.class_map()
+        files = FileLister(root, recursive=True).filter(KeepClassImage(root, classes, ctx.excluded))
+        return files.map(FolderRecord(root, classes, ids))
     celeba = [
         (r.path, r.label, r.source, i)
         for i, r in enumerate(usable(celeba_records(ctx.data_root, ctx.labels), ctx))
@@ -108,9 +164,14 @@ def build_datapipe(ctx: LoaderContext) -> IterDataPipe:
     ids = SampleIndex([r.path for r in ctx.records if r.source != CELEBA], offset=n_celeba)
     folder = str(Path(ctx.data_root) / DIGIFACE)
     digiface = FileLister(folder, masks="*.png", recursive=True).filter(Keep(folder, ctx.excluded))
-    pipe = IterableWrapper(celeba, deepcopy=False).concat(
+    return IterableWrapper(celeba, deepcopy=False).concat(
         digiface.map(DigiFaceRecord(ctx.labels, ids))
     )
+
+
+def build_datapipe(ctx: LoaderContext) -> IterDataPipe:
+    options: Options = ctx.options
+    pipe = listed(ctx)
     pipe = pipe.shuffle(buffer_size=options.shuffle_buffer)
     pipe = pipe.batch(ctx.batch_size, drop_last=True)
     if ctx.world.distributed:
@@ -135,3 +196,6 @@ def worker_memory(ctx: LoaderContext) -> int:
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:
     return data_loader(build_datapipe(ctx), ctx, shuffle=True, batched=True)
+
+
+LOADER = LoaderSpec(options=Options, build=build, worker_memory=worker_memory)

@@ -1,4 +1,4 @@
-"""The seed's first pipeline: a map-style Dataset per source, concatenated, shuffled by index.
+"""The article's first pipeline: a map-style Dataset per source, concatenated, shuffled by index.
 
 Every sample is a random access to one small file: open, decode, crop, transform.
 """
@@ -12,7 +12,7 @@ from torch.utils.data import ConcatDataset, Dataset
 
 from facebench.config import LoaderConfig
 from facebench.data.images import open_sample
-from facebench.data.sources import Record, celeba_records, digiface_records
+from facebench.data.sources import Record, records_by_source
 from facebench.loaders import base
 from facebench.loaders.base import (
     Batch,
@@ -21,12 +21,11 @@ from facebench.loaders.base import (
     distributed_sampler,
     usable,
 )
-
-Options = LoaderConfig
+from facebench.loaders.spec import LoaderSpec
 
 
 class RecordDataset(Dataset):
-    """One source's samples by index, as the seed's CelebADataset and DigiFace1M classes."""
+    """One source's samples by index, as the article's CelebADataset and DigiFace1M classes."""
 
     def __init__(self, records: list[Record], transform: Callable, first_id: int = 0) -> None:
         self.records = records
@@ -47,10 +46,14 @@ def worker_memory(ctx: LoaderContext) -> int:
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:
-    celeba = RecordDataset(usable(celeba_records(ctx.data_root, ctx.labels), ctx), ctx.transform)
-    digiface = RecordDataset(
-        usable(digiface_records(ctx.data_root, ctx.labels), ctx), ctx.transform, len(celeba)
-    )
-    dataset = ConcatDataset([celeba, digiface])
+    # One Dataset per source (CelebA, DigiFace1M; or the folder's), listed here inside the clock.
+    parts: list[RecordDataset] = []
+    for records in records_by_source(ctx.data_root, ctx.labels, ctx.layout):
+        first_id = sum(len(part) for part in parts)
+        parts.append(RecordDataset(usable(records, ctx), ctx.transform, first_id))
+    dataset = ConcatDataset(parts)
     sampler = distributed_sampler(dataset, ctx) if ctx.world.distributed else None
     return data_loader(dataset, ctx, shuffle=True, sampler=sampler)
+
+
+LOADER = LoaderSpec(options=LoaderConfig, build=build, worker_memory=worker_memory)

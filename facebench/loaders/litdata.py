@@ -14,32 +14,17 @@ loaders whose workers read whole shards.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterable
 
 import numpy as np
 import torch
 
 from facebench.config import LoaderConfig
-from facebench.errors import ConfigError, ShardError
+from facebench.errors import ShardError
 from facebench.loaders import base
 from facebench.loaders.base import Batch, LoaderContext, batch_offsets
 from facebench.loaders.shardsets import ensure_loader_shards, trusted_manifest
-
-Options = LoaderConfig
-SHARD_FORMAT = "litdata"
-BATCHES_PER_WORKER = True
-
-
-def available() -> bool:
-    return importlib.util.find_spec("litdata") is not None
-
-
-def _require() -> None:
-    if not available():
-        raise ConfigError(
-            "loader=litdata needs LitData, which is not installed: pip install -e '.[litdata]'"
-        )
+from facebench.loaders.spec import LoaderSpec
 
 
 class Collate:
@@ -66,8 +51,8 @@ class Collate:
 
 
 def before_epoch(ctx: LoaderContext) -> dict[str, float]:
-    _require()
-    return ensure_loader_shards(ctx, SHARD_FORMAT)
+    LOADER.require("litdata")
+    return ensure_loader_shards(ctx, "litdata")
 
 
 def worker_memory(ctx: LoaderContext) -> int:
@@ -75,7 +60,7 @@ def worker_memory(ctx: LoaderContext) -> int:
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:
-    _require()
+    LOADER.require("litdata")
     from litdata import StreamingDataLoader, StreamingDataset
 
     trusted_manifest(ctx)
@@ -98,3 +83,14 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
         pin_memory=ctx.pin_memory,
         **extra,
     )
+
+
+LOADER = LoaderSpec(
+    options=LoaderConfig,
+    build=build,
+    worker_memory=worker_memory,
+    shard_format="litdata",
+    batches_per_worker=True,  # each worker batches the chunks it reads
+    prepare=before_epoch,
+    requires=("litdata", "litdata"),
+)

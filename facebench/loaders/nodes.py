@@ -9,7 +9,7 @@ per batch crosses between processes, as with DataLoader workers; mapping single 
 one per image. Workers are processes by default (`loader.method=thread` for threads: PIL and
 torchvision.io release the GIL while decoding). decoder=torchvision decodes with torchvision.io
 into uint8 batches, which the device crops and normalizes whole (facebench.finish); decoder=pil
-runs the seed's PIL transform per sample.
+runs the article's PIL transform per sample.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from torchdata.nodes import (
 )
 from torchdata.nodes.exception_wrapper import StartupExceptionWrapper
 
-from facebench.config import LoaderConfig
+from facebench.config import Decoder, LoaderConfig, WorkerKind
 from facebench.data.fast_decode import decode_resized
 from facebench.data.images import open_sample
-from facebench.data.sources import Record, celeba_records, digiface_records
+from facebench.data.sources import Record, records_by_source
 from facebench.errors import LoaderFailure
 from facebench.loader_failures import signal_name, too_many_open_files, worker_died
 from facebench.loaders import base
@@ -48,6 +48,7 @@ from facebench.loaders.base import (
     uint8_batch,
     usable,
 )
+from facebench.loaders.spec import LoaderSpec
 
 log = logging.getLogger(__name__)
 _WATCH_PERIOD_S = 0.2
@@ -56,9 +57,9 @@ _WATCH_PERIOD_S = 0.2
 @dataclass
 class Options(LoaderConfig):
     # process (default) or thread workers for ParallelMapper.
-    method: str = "process"
-    # torchvision: torchvision.io + batched tensor transforms; pil: the seed's PIL transform.
-    decoder: str = "torchvision"
+    method: WorkerKind = WorkerKind.process
+    # torchvision: torchvision.io + batched tensor transforms; pil: the article's PIL transform.
+    decoder: Decoder = Decoder.torchvision
 
 
 class ToRecords:
@@ -106,8 +107,11 @@ def worker_memory(ctx: LoaderContext) -> int:
 def build(ctx: LoaderContext) -> Iterable[Batch]:
     options: Options = ctx.options
     # Listed inside the clock, as loader=dataset does: the same start-up work.
-    records = usable(celeba_records(ctx.data_root, ctx.labels), ctx)
-    records += usable(digiface_records(ctx.data_root, ctx.labels), ctx)
+    records = [
+        record
+        for source in records_by_source(ctx.data_root, ctx.labels, ctx.layout)
+        for record in usable(source, ctx)
+    ]
     if ctx.world.distributed:
         sampler = distributed_sampler(range(len(records)), ctx)
     else:
@@ -210,3 +214,6 @@ class Watched:
                 f"stopped ({text}); run with n_workers=0 to see the error in this process"
             )
         return None
+
+
+LOADER = LoaderSpec(options=Options, build=build, worker_memory=worker_memory)

@@ -1,10 +1,10 @@
-"""The seed's third pipeline: DataPipes over pre-shuffled pickle shards built by prepare.py.
+"""The article's third pipeline: DataPipes over pre-shuffled pickle shards built by prepare.py.
 
     IterableWrapper(shard paths).shuffle().sharding_filter().load_pickle_data(transform)
 
 Each worker unpickles whole shards of decoded images and transforms them one by one: no JPEG or
-PNG decoding at train time, which (not the DataPipe API) is why the seed found it fast. The price:
-a worker holds a whole shard in memory, shuffling is only across shards plus the one shuffle
+PNG decoding at train time, which (not the DataPipe API) is why the article found it fast. The
+price: a worker holds a whole shard in memory, shuffling is only across shards plus the one shuffle
 before writing, and with fewer shards than workers some workers have nothing to do.
 
 The shard list comes from the manifest, not from listing the folder, and a shard's bytes are
@@ -25,13 +25,9 @@ from facebench.config import LoaderConfig
 from facebench.loaders import base
 from facebench.loaders.base import Batch, LoaderContext, data_loader
 from facebench.loaders.shardsets import ShardGuard, trusted_manifest
+from facebench.loaders.spec import LoaderSpec
 from facebench.shards import pickle_format
 from facebench.shards.manifest import read_verified
-
-Options = LoaderConfig
-SHARD_FORMAT = "pickle"
-# Each worker batches the shards it reads: up to one partial batch dropped per worker.
-BATCHES_PER_WORKER = True
 
 
 @torch.utils.data.functional_datapipe("load_pickle_data")
@@ -73,3 +69,12 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
     guard = ShardGuard.of(ctx.shards_dir, manifest)
     pipe = pipe.load_pickle_data(transform=ctx.transform, sha256=sha256, guard=guard)
     return data_loader(pipe, ctx, shuffle=True)
+
+
+LOADER = LoaderSpec(
+    options=LoaderConfig,
+    build=build,
+    worker_memory=worker_memory,
+    shard_format="pickle",
+    batches_per_worker=True,  # each worker batches the shards it reads
+)

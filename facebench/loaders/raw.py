@@ -1,6 +1,6 @@
 """Pre-decoded samples in fixed-size records: read a batch's bytes, hand them over, done.
 
-prepare.py (format=raw) stores each sample once, decoded and resized to 112x112 (the seed's only
+prepare.py (format=raw) stores each sample once, decoded and resized to 112x112 (the article's only
 deterministic step), as fixed-size uint8 records in .npy shards. Each epoch draws one permutation
 of all samples (the same on every rank), cuts it into batches, and deals batch b to rank
 b % world_size: a full shuffle, no decoding, no pickle, nothing loaded whole. The batch leaves as
@@ -32,16 +32,13 @@ import numpy as np
 import torch
 
 from facebench.config import LoaderConfig
-from facebench.data.batch_transforms import crop_offsets
 from facebench.errors import ShardError
-from facebench.loaders.base import Batch, LoaderContext
+from facebench.loaders.base import Batch, LoaderContext, batch_offsets
 from facebench.loaders.shardsets import ShardGuard, trusted_manifest
+from facebench.loaders.spec import LoaderSpec
 from facebench.resources import batch_bytes
 from facebench.shards import raw_format
 from facebench.shards.manifest import Manifest, read_index
-
-Options = LoaderConfig
-SHARD_FORMAT = "raw"
 
 
 class RawBatches:
@@ -127,11 +124,10 @@ class RawBatches:
             (len(chosen), *raw_format.SHAPE), dtype=torch.uint8, pin_memory=self.pin
         )
         self._gather(files, chosen, images.numpy())
-        # Per-batch crop randomness, so results do not depend on the number of threads.
-        rng = np.random.default_rng([self.epoch_seed, index])
-        offsets = torch.from_numpy(crop_offsets(len(chosen), self.crop, rng))
+        ids = torch.from_numpy(self.ids[chosen])
         labels = torch.from_numpy(self.labels[chosen])
-        return Batch(images, labels, torch.from_numpy(self.ids[chosen]), offsets)
+        # Crop randomness per batch, as every loader draws it: whichever thread gathers it.
+        return Batch(images, labels, ids, batch_offsets(self.crop, self.epoch_seed, ids))
 
     def _gather(self, files: list[int], positions: np.ndarray, out: np.ndarray) -> None:
         """Read the samples at these (sorted) global positions into out, one pread each."""
@@ -158,3 +154,8 @@ def worker_memory(ctx: LoaderContext) -> int:
 
 def build(ctx: LoaderContext) -> RawBatches:
     return RawBatches(ctx, trusted_manifest(ctx))
+
+
+LOADER = LoaderSpec(
+    options=LoaderConfig, build=build, worker_memory=worker_memory, shard_format="raw"
+)

@@ -27,6 +27,8 @@ def ensure_loader_shards(ctx: LoaderContext, shard_format: str) -> dict[str, flo
         n_procs=max(ctx.n_workers, 1),
         on_bad_sample=ctx.on_bad_sample,
         cache=ctx.cache,
+        listing=ctx.listing,
+        layout=ctx.layout,
     )
     if ctx.verify_shards:
         corrupted = shard_set.manifest.corrupted(ctx.shards_dir)

@@ -15,9 +15,7 @@ import torch
 from facebench.config import LoaderConfig
 from facebench.data.transforms import CROP
 from facebench.loaders.base import Batch, LoaderContext
-
-Options = LoaderConfig
-SYNTHETIC = True  # no real samples: nothing to count or check
+from facebench.loaders.spec import LoaderSpec
 
 
 @dataclass
@@ -51,5 +49,5 @@ def worker_memory(ctx: LoaderContext) -> int:
     return 0  # no workers
 
 
-def data_files(ctx: LoaderContext) -> list[str]:
-    return []  # reads nothing
+# No real samples: nothing to count, check or read.
+LOADER = LoaderSpec(options=LoaderConfig, build=build, worker_memory=worker_memory, synthetic=True)

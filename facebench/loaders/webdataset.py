@@ -1,13 +1,13 @@
 """WebDataset: tar shards of the original JPEG/PNG files, read front to back, decoded in workers.
 
 prepare.py (format=tar) writes the encoded files with their labels into tar shards, shuffled once.
-Each epoch the shard list is shuffled and split among the workers (whole shards, as the seed's
+Each epoch the shard list is shuffled and split among the workers (whole shards, as the article's
 pickle loader does), each worker streams its tars sequentially, shuffles samples in a buffer of
 `shuffle_buffer`, decodes and batches them. Sequential reads of large files instead of random
 access to small ones is what it brings; the decoding cost stays.
 
 decoder=torchvision (the default) decodes with torchvision.io into uint8 batches, which the
-device crops and normalizes whole (facebench.finish); decoder=pil runs the seed's per-sample PIL
+device crops and normalizes whole (facebench.finish); decoder=pil runs the article's per-sample PIL
 transform. device_decode=true (CUDA only) sends CelebA's JPEG bytes to the main process, to be
 decoded in batches on the GPU with nvJPEG; PNGs are decoded in the workers either way. On a CPU
 device it is ignored, with a warning.
@@ -24,10 +24,10 @@ import numpy as np
 import torch
 import webdataset as wds
 
-from facebench.config import LoaderConfig
+from facebench.config import Decoder, LoaderConfig
 from facebench.data.fast_decode import decode_resized, jpeg_components
 from facebench.data.images import decode_sample
-from facebench.data.sources import CELEBA, DIGIFACE
+from facebench.data.sources import CELEBA
 from facebench.data.transforms import RESIZE
 from facebench.errors import ConfigError, FacebenchError, ShardError
 from facebench.loaders import base
@@ -39,21 +39,19 @@ from facebench.loaders.base import (
     uint8_batch,
 )
 from facebench.loaders.shardsets import ShardGuard, ensure_loader_shards, trusted_manifest
+from facebench.loaders.spec import LoaderSpec
 from facebench.shards.manifest import ShardEntry, read_index
+from facebench.shards.tar_format import IMAGE_KEYS
 
 log = logging.getLogger(__name__)
-
-SHARD_FORMAT = "tar"
-# Each worker batches the shards it reads: up to one partial batch dropped per worker.
-BATCHES_PER_WORKER = True
 
 
 @dataclass
 class Options(LoaderConfig):
     # Samples each worker shuffles after reading them from its shards.
     shuffle_buffer: int = 1000
-    # torchvision: torchvision.io + batched tensor transforms; pil: the seed's PIL transform.
-    decoder: str = "torchvision"
+    # torchvision: torchvision.io + batched tensor transforms; pil: the article's PIL transform.
+    decoder: Decoder = Decoder.torchvision
     # CUDA only: decode CelebA's JPEGs in batches on the GPU.
     device_decode: bool = False
 
@@ -105,12 +103,13 @@ class Decode:
         return sample_id, label
 
     def __call__(self, sample: dict) -> tuple:
-        if "jpg" not in sample and "png" not in sample:
+        found = [(source, key) for source, key in IMAGE_KEYS.items() if key in sample]
+        if not found:
             raise ShardError(
                 f"{sample.get('__url__')}: sample {sample.get('__key__')!r} has no "
                 "image; the shard is damaged. Rebuild: python prepare.py format=tar"
             )
-        source, data = (CELEBA, sample["jpg"]) if "jpg" in sample else (DIGIFACE, sample["png"])
+        source, data = found[0][0], sample[found[0][1]]
         sample_id, label = self._verified(sample["__url__"], sample["__key__"], sample.get("cls"))
         if self.keep_jpeg and source == CELEBA and jpeg_components(data) in (1, 3):
             # Grey or colour JPEGs go to nvJPEG; CMYK ones and anything else decode here, as
@@ -198,7 +197,7 @@ def before_epoch(ctx: LoaderContext) -> dict[str, float]:
         raise ConfigError("loader.device_decode=true needs loader.decoder=torchvision")
     if options.device_decode and ctx.device.type != "cuda":
         log.warning("loader.device_decode=true needs a CUDA device; decoding on the CPU instead")
-    return ensure_loader_shards(ctx, SHARD_FORMAT)
+    return ensure_loader_shards(ctx, "tar")
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:
@@ -232,3 +231,13 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
         ),
     )
     return data_loader(pipeline, ctx, shuffle=False, batched=True)
+
+
+LOADER = LoaderSpec(
+    options=Options,
+    build=build,
+    worker_memory=worker_memory,
+    shard_format="tar",
+    batches_per_worker=True,  # each worker batches the shards it reads
+    prepare=before_epoch,
+)

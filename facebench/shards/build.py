@@ -34,13 +34,12 @@ from omegaconf import DictConfig
 
 from facebench.atomic import remove_staging, write_atomic
 from facebench.config import validate
-from facebench.data.check import source_fingerprint, usable_records
+from facebench.data.check import Listing, list_usable, source_fingerprint
 from facebench.data.images import CELEBA_BOX
-from facebench.data.roots import check_writable, data_root, shards_root
-from facebench.data.sources import Record, read_records
+from facebench.data.sources import FACES, Layout, Record
 from facebench.errors import ConfigError, ShardError
 from facebench.parallel import map_in_processes
-from facebench.paths import cache_dir
+from facebench.paths import cache_dir, check_writable, data_layout, data_root, shards_root
 from facebench.progress import progress
 from facebench.shards import litdata_format, pickle_format, raw_format, room, tar_format
 from facebench.shards.manifest import (
@@ -148,29 +147,31 @@ def ensure_shards(
     n_procs: int = 1,
     on_bad_sample: str = "raise",
     cache: Path | None = None,
+    listing: Listing | None = None,
+    layout: Layout = FACES,
 ) -> ShardSet:
-    """The shard set for the data at root, built into folder unless an up-to-date one is there."""
+    """The shard set for the data at root, built into folder unless an up-to-date one is there.
+
+    `listing`: the data as a run already listed and checked it (else listed here, as `layout`
+    says)."""
     with _building(folder):
-        return _ensure_shards(
-            root, folder, shard_format, seed, shard_size, n_procs, on_bad_sample, cache
-        )
+        listing = listing or list_usable(root, on_bad_sample, cache or cache_dir(), n_procs, layout)
+        return _ensure_shards(folder, shard_format, seed, shard_size, n_procs, cache, listing)
 
 
 def _ensure_shards(
-    root: Path,
     folder: Path,
     shard_format: str,
     seed: int,
     shard_size: int,
     n_procs: int,
-    on_bad_sample: str,
     cache: Path | None,
+    listing: Listing,
 ) -> ShardSet:
     started = time.perf_counter()
     module = format_module(shard_format)
-    all_records, labels = read_records(root)
-    fingerprint = source_fingerprint(all_records, root)
-    usable = usable_records(all_records, root, on_bad_sample, cache or cache_dir(), n_procs)
+    usable, labels = listing.usable, listing.labels
+    fingerprint = source_fingerprint(listing.records, listing.root)
     settings = settings_for(shard_format, seed, shard_size, sorted(usable.excluded))
     existing = _up_to_date(folder, fingerprint, settings)
     if existing is not None:
@@ -191,6 +192,7 @@ def _ensure_shards(
         n_samples=len(usable.records),
         n_classes=labels.n_classes,
         shards=shards,
+        classes=list(labels.classes),
         prepare_s=time.perf_counter() - started,
     )
     manifest.write(folder)
@@ -418,6 +420,7 @@ def run_prepare(
         n_procs,
         on_bad_sample=cfg.on_bad_sample,
         cache=cache_dir(cfg.data.cache_dir),
+        layout=data_layout(cfg.data),
     )
     verb = "built" if shard_set.built else "checked"
     log.info("%s %s in %.1f s", verb, folder, shard_set.seconds)

@@ -52,6 +52,8 @@ class Manifest:
     shards: list[ShardEntry] = field(default_factory=list)
     version: int = MANIFEST_VERSION
     prepare_s: float = 0.0
+    # Folder data: each class's name, by index (the class-to-index map); empty for the faces.
+    classes: list[str] = field(default_factory=list)
 
     def write(self, folder: Path) -> None:
         """Write atomically: a reader sees the old manifest, no manifest, or this one whole."""

@@ -1,6 +1,6 @@
-"""The seed's shard format: a pickled list of (PIL.Image, label, sample id), decoded, not augmented.
+"""The article's shard format: pickled lists of (PIL.Image, label, sample id), decoded.
 
-The seed stored (image, label); the sample id (canonical position) is added so that epochs can be
+The article stored (image, label); the sample id (canonical position) is added so that epochs can be
 checked for gaps and repeats and their shuffle measured, at 8 bytes a sample.
 
 Unpickling runs code named in the file, so a pickle shard is only ever loaded from bytes whose

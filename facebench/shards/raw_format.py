@@ -1,6 +1,6 @@
 """Pre-processed samples in fixed-layout arrays, read through memory maps: no pickle, no decode.
 
-Each shard is one .npy file of uint8 images (n, 112, 112, 3): the seed's decoded samples after
+Each shard is one .npy file of uint8 images (n, 112, 112, 3): the article's decoded samples after
 its one deterministic step, Resize(112, 112); labels and ids are in the shard's index (see
 manifest.py), checked against its hash. Training gathers batches straight from the mapped file and
 only crops and normalizes them. Fixed-size images mean sample k of a shard is at a known offset, so

@@ -1,9 +1,9 @@
 """WebDataset tar shards of the original encoded files: JPEG/PNG bytes, label, sample id.
 
-Samples are grouped by key (the sample id, zero-padded): `<id>.jpg` for CelebA or `<id>.png` for
-DigiFace1M, `<id>.cls` with the label, and `<id>.path` with the source file (for error
-messages). Decoding (and CelebA's crop) happens at train time, in the workers. Members carry
-fixed metadata so the same input always gives the same bytes.
+Samples are grouped by key (the sample id, zero-padded): `<id>.jpg` for CelebA, `<id>.png` for
+DigiFace1M or `<id>.img` for folder data, `<id>.cls` with the label, and `<id>.path` with the
+source file (for error messages). Decoding (and CelebA's crop) happens at train time, in the
+workers. Members carry fixed metadata so the same input always gives the same bytes.
 """
 
 from __future__ import annotations
@@ -11,10 +11,13 @@ from __future__ import annotations
 import io
 import tarfile
 
-from facebench.data.sources import CELEBA, Record
+from facebench.data.folder import FOLDER
+from facebench.data.sources import CELEBA, DIGIFACE, Record
 from facebench.shards import room
 
 SUFFIX = ".tar"
+# Each sample's image member, by source: the key says how to treat it (CelebA: its crop box).
+IMAGE_KEYS = {CELEBA: "jpg", DIGIFACE: "png", FOLDER: "img"}
 _BLOCK = tarfile.BLOCKSIZE
 
 
@@ -37,7 +40,7 @@ def encode(samples: list[tuple[int, Record]]) -> bytes:
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for sample_id, record in samples:
             key = f"{sample_id:09d}"
-            extension = "jpg" if record.source == CELEBA else "png"
+            extension = IMAGE_KEYS[record.source]
             with open(record.path, "rb") as file:
                 _member(tar, f"{key}.{extension}", file.read())
             _member(tar, f"{key}.cls", str(record.label).encode())

@@ -72,7 +72,7 @@ def _gpu_handle(device: torch.device):
     return pynvml.nvmlDeviceGetHandleByIndex(index)
 
 
-class ResourceSampler:
+class UsageMonitor:
     """Samples process-tree memory and GPU utilization/memory on a daemon thread."""
 
     def __init__(self, device: torch.device, hz: float = 4.0) -> None:
