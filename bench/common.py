@@ -89,6 +89,12 @@ def load_note() -> str:
     return f"1-minute load average {one_minute:.2f} as the runs began"
 
 
+def command_line(script: str, argv: list[str] | None) -> str:
+    """How this benchmark was invoked, for its section's header."""
+    arguments = " ".join(argv if argv is not None else sys.argv[1:])
+    return f"python bench/{script} {arguments}".rstrip()
+
+
 def stamp() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
 

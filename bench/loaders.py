@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import sys
 import tempfile
 
-from common import load_note, machine, run_train, stamp, table, write_section
+from common import command_line, load_note, machine, run_train, stamp, table, write_section
 
 LOADERS = ["dataset", "datapipe", "pickle", "raw", "webdataset", "nodes", "dali", "litdata"]
 
@@ -164,11 +163,10 @@ def main(argv: list[str] | None = None) -> None:
         "order_corr",
         "cached before",
     ]
-    command = " ".join(argv if argv is not None else sys.argv[1:])
     text = (
         f"### Loaders, model={args.model}, {args.n_images:,} synthetic images, "
         f"batch {args.batch_size}\n\n"
-        f"{stamp()}; {machine()}. `{f'python bench/loaders.py {command}'.rstrip()}`; "
+        f"{stamp()}; {machine()}. `{command_line('loaders.py', argv)}`; "
         f"medians of {args.repeat} epochs per row (memory and CPU of the last); {load}.\n\n"
         + table(header, rows)
     )

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import load_note, machine, run_train, stamp, table, write_section
+from common import command_line, load_note, machine, run_train, stamp, table, write_section
 
 from facebench.data.synthetic import synthetic_root
 from facebench.paths import PROJECT_ROOT, cache_dir
@@ -127,11 +127,10 @@ def main(argv: list[str] | None = None) -> None:
         "memory added MB",
         "images timed",
     ]
-    command = " ".join(argv if argv is not None else sys.argv[1:])
     text = (
         f"### How cost grows with the data: loader-only, warm, n_workers {args.workers}, "
         f"batch {args.batch_size}\n\n"
-        f"{stamp()}; {machine()}. `{f'python bench/scale.py {command}'.rstrip()}`; one epoch "
+        f"{stamp()}; {machine()}. `{command_line('scale.py', argv)}`; one epoch "
         f"per row, sets over {args.full_epoch_limit:,} images timed over their first "
         f"{args.max_batches} batches; {load}.\n\n"
         + table(header, rows)

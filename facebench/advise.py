@@ -113,7 +113,9 @@ def measure_ceiling(base: list[str], job: Job, data: Data, budget_s: float) -> f
         raise ConfigError("advise compares loaders with a model's pace: give model=resnet50 or so")
     spec = loaders.get("synthetic")
     ctx = loaders.context(cfg, spec, data.root, data.records, data.labels, job.device)
-    settings = EpochSettings(job.device, sample_hz=0, time_limit_s=budget_s * _CEILING_SHARE)
+    settings = EpochSettings(
+        job.device, sample_hz=0, time_limit_s=budget_s * _CEILING_SHARE, geometry=ctx.geometry
+    )
     result = run_epoch(lambda: spec.build(ctx), trainer_for(cfg, job, data.labels), settings)
     return result.times.steady_images_per_s
 
@@ -146,7 +148,9 @@ def measure_loader(
             measured.note = f"budget spent before n_workers={workers}"
             break
         ctx.n_workers = workers
-        settings = EpochSettings(job.device, sample_hz=0, host_only=True, time_limit_s=per_run)
+        settings = EpochSettings(
+            job.device, sample_hz=0, host_only=True, time_limit_s=per_run, geometry=ctx.geometry
+        )
         result = run_epoch(lambda: spec.build(ctx), None, settings)
         measured.rates[workers] = result.times.steady_images_per_s
         measured.first_batch_s[workers] = result.times.time_to_first_batch_s

@@ -117,6 +117,16 @@ class LoaderConfig:
 
 
 @dataclass
+class TransformConfig:
+    """Preprocessing geometry: Resize((resize, resize)) -> crop x crop -> Normalize(mean, std)."""
+
+    resize: int = 112  # both sides: any image becomes a resize x resize square
+    crop: int = 100  # the random (or center) crop's side
+    mean: list[float] = dataclasses.field(default_factory=lambda: [0.485, 0.456, 0.406])
+    std: list[float] = dataclasses.field(default_factory=lambda: [0.229, 0.224, 0.225])
+
+
+@dataclass
 class CommonConfig:
     """Keys that train.py and prepare.py share, so the same overrides mean the same thing."""
 
@@ -131,6 +141,8 @@ class CommonConfig:
     # A file that is missing, empty or does not decode: raise (stop, naming it) or skip (leave it
     # out of every loader alike, and count it).
     on_bad_sample: OnBadSample = OnBadSample("raise")
+    # Resize, crop and normalization; shards that hold resized pixels (raw, litdata) follow it.
+    transform: TransformConfig = dataclasses.field(default_factory=TransformConfig)
 
 
 @dataclass
@@ -210,6 +222,24 @@ def _chosen_on_command_line(override: str) -> bool:
     return override in (item.replace(" ", "") for item in HydraConfig.get().overrides.task)
 
 
+def _transform_problems(transform: DictConfig | None) -> list[str]:
+    if transform is None:
+        return []
+    problems = []
+    if transform.crop < 1 or transform.crop > transform.resize:
+        problems.append(
+            f"transform.crop={transform.crop}: must be from 1 to transform.resize "
+            f"({transform.resize}): the crop is taken from the resized image"
+        )
+    for key in ("mean", "std"):
+        values = list(transform[key])
+        if len(values) != 3:
+            problems.append(f"transform.{key}={values}: give one value per channel (R, G, B)")
+    if any(value <= 0 for value in transform.std):
+        problems.append(f"transform.std={list(transform.std)}: every value must be above 0")
+    return problems
+
+
 def validate(cfg: DictConfig) -> None:
     """Check the values a type cannot: one clear line per mistake, naming the key."""
     problems: list[str] = [
@@ -224,6 +254,7 @@ def validate(cfg: DictConfig) -> None:
 
     for key in ("batch_size", "epochs", "repeat", "shard_size", "loader.prefetch_factor"):
         positive(key)
+    problems += _transform_problems(cfg.get("transform"))
     for key in ("n_workers", "max_batches"):
         value = OmegaConf.select(cfg, key)
         if value is not None and value < 0:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from facebench.data.transforms import ARTICLE, Geometry
 from facebench.finish import Finisher, Ready, finished_ahead_on_cpu
 from facebench.loader_failures import explain, quiet_sigchld, restore_sigchld
 from facebench.loaders.base import Batch
@@ -62,6 +63,8 @@ class EpochSettings:
     host_only: bool = False
     # Stop once this many seconds have passed (and a few batches are in); 0: no limit.
     time_limit_s: float = 0.0
+    # The crop and normalization that finish uint8 batches (transform.*).
+    geometry: Geometry = ARTICLE
 
     def enough(self, n_batches: int, elapsed_s: float) -> bool:
         """Whether the epoch stops here, short of the loader's end."""
@@ -137,7 +140,7 @@ def _timed_epoch(
     monitor = UsageMonitor(device, settings.sample_hz)
     monitor.prepare()  # NVML start-up, outside the clock
     bar = epoch_progress(settings.expected_images, settings.description)
-    finish, seen = Finisher(device), _Seen()
+    finish, seen = Finisher(device, settings.geometry), _Seen()
     batches = None
     try:
         meter.start()
@@ -182,7 +185,7 @@ def _feed(loader: Iterable[Batch], settings: EpochSettings) -> Iterator[tuple[Ba
     finishes them (a CPU device: in threads, ahead of the loop), or None when the loop does (a
     GPU: the copy and the arithmetic are device work) or nothing does (host_only)."""
     if settings.device.type == "cpu" and not settings.host_only:
-        return finished_ahead_on_cpu(loader, n_threads=usable_cores())
+        return finished_ahead_on_cpu(loader, n_threads=usable_cores(), geometry=settings.geometry)
     return ((batch, None) for batch in loader)
 
 

@@ -27,7 +27,7 @@ import torch
 from facebench.data.batch_transforms import crop_batch, crop_normalize_on_cpu, normalize_batch
 from facebench.data.fast_decode import resize_sample
 from facebench.data.sources import CELEBA
-from facebench.data.transforms import CROP
+from facebench.data.transforms import ARTICLE, Geometry
 from facebench.loaders.base import Batch
 
 _MAX_CPU_THREADS = 4
@@ -41,24 +41,28 @@ class Finisher:
     finished_ahead_on_cpu instead; this serves single batches (tests, tools).
     """
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, geometry: Geometry = ARTICLE) -> None:
         self.device = device
+        self.geometry = geometry
 
     def __call__(self, batch: Batch) -> Ready:
         images = batch.images.to(self.device, non_blocking=True)
         labels = batch.labels.to(self.device, non_blocking=True)
+        geometry = self.geometry
         if batch.jpegs is not None:
-            images = decode_jpegs_into(images, *batch.jpegs)
+            images = decode_jpegs_into(images, *batch.jpegs, geometry=geometry)
         if batch.offsets is None:
             return images, labels
         if self.device.type == "cpu":
-            out = torch.empty((len(images), *CROP, images.shape[3]), dtype=torch.float32)
-            return crop_normalize_on_cpu(images, batch.offsets, out), labels
-        return normalize_batch(crop_batch(images, batch.offsets)), labels
+            shape = (len(images), *geometry.cropped, images.shape[3])
+            out = torch.empty(shape, dtype=torch.float32)
+            return crop_normalize_on_cpu(images, batch.offsets, out, geometry), labels
+        crops = crop_batch(images, batch.offsets, geometry)
+        return normalize_batch(crops, geometry=geometry), labels
 
 
 def decode_jpegs_into(
-    images: torch.Tensor, packed: torch.Tensor, index: torch.Tensor
+    images: torch.Tensor, packed: torch.Tensor, index: torch.Tensor, geometry: Geometry = ARTICLE
 ) -> torch.Tensor:
     """Decode the CelebA JPEGs of a batch on its device (nvJPEG, in one batched call), crop and
     resize them as decode_resized does, and put them in their slots of the uint8 batch."""
@@ -68,7 +72,8 @@ def decode_jpegs_into(
     if lengths:
         encoded = list(torch.split(packed, lengths))
         decoded = decode_jpeg(encoded, mode=ImageReadMode.RGB, device=images.device)
-        images[slots] = torch.stack([resize_sample(image, CELEBA) for image in decoded])
+        resized = [resize_sample(image, CELEBA, size=geometry.resized) for image in decoded]
+        images[slots] = torch.stack(resized)
     return images
 
 
@@ -77,7 +82,7 @@ _FREE_BUFFERS: queue.SimpleQueue[torch.Tensor] = queue.SimpleQueue()
 
 
 def finished_ahead_on_cpu(
-    batches: Iterable[Batch], n_threads: int, ahead: int = 2
+    batches: Iterable[Batch], n_threads: int, ahead: int = 2, geometry: Geometry = ARTICLE
 ) -> Iterator[tuple[Batch, Ready]]:
     """(batch, (images, labels)) for each batch, uint8 ones cropped and normalized by n_threads
     threads up to `ahead` batches before the loop asks; float ones passed on as they are.
@@ -94,7 +99,9 @@ def finished_ahead_on_cpu(
         try:
             for batch in batches:
                 work = (
-                    pool.submit(_finish_on_cpu, batch, free) if batch.offsets is not None else None
+                    pool.submit(_finish_on_cpu, batch, free, geometry)
+                    if batch.offsets is not None
+                    else None
                 )
                 pending.append((batch, work))
                 if len(pending) > ahead:
@@ -120,14 +127,14 @@ def _hand_over(
 
 
 def _finish_on_cpu(
-    batch: Batch, free: queue.SimpleQueue[torch.Tensor]
+    batch: Batch, free: queue.SimpleQueue[torch.Tensor], geometry: Geometry
 ) -> tuple[torch.Tensor, torch.Tensor]:
     n, channels = batch.images.shape[0], batch.images.shape[3]
-    shape = (n, *CROP, channels)
+    shape = (n, *geometry.cropped, channels)
     try:
         buffer = free.get_nowait()
     except queue.Empty:
         buffer = torch.empty(shape, dtype=torch.float32)
     if buffer.shape[1:] != shape[1:] or buffer.shape[0] < n:
         buffer = torch.empty(shape, dtype=torch.float32)
-    return buffer, crop_normalize_on_cpu(batch.images, batch.offsets, buffer[:n])
+    return buffer, crop_normalize_on_cpu(batch.images, batch.offsets, buffer[:n], geometry)

@@ -286,6 +286,7 @@ def measure(
     files = loader.data_files(ctx)
     settings = EpochSettings(
         device=job.device,
+        geometry=ctx.geometry,
         max_batches=cfg.max_batches,
         sample_hz=cfg.sample_hz,
         label_counts=np.bincount([r.label for r in data.records], minlength=data.labels.n_classes),

@@ -10,7 +10,7 @@ import torch
 from facebench import loaders
 from facebench.data.images import open_sample
 from facebench.data.sources import FACES, Layout, read_records
-from facebench.data.transforms import article_transform
+from facebench.data.transforms import ARTICLE, Geometry, article_transform
 from facebench.finish import Finisher
 from facebench.loaders.base import Batch
 
@@ -21,11 +21,13 @@ LOADERS = [name for name in loaders.names() if name != "synthetic"]
 THREADED = ["raw", "dali"]
 
 
-def delivered(batches: Iterable[Batch], device: str = "cpu") -> Samples:
+def delivered(
+    batches: Iterable[Batch], device: str = "cpu", geometry: Geometry = ARTICLE
+) -> Samples:
     """{sample id: (image, label)} over one epoch, each batch finished on `device` as the epoch
     loop finishes it; fails on a repeated sample."""
     seen: Samples = {}
-    finish = Finisher(torch.device(device))
+    finish = Finisher(torch.device(device), geometry)
     for batch in batches:
         assert isinstance(batch, Batch), type(batch)
         images, labels = finish(batch)
@@ -38,9 +40,9 @@ def delivered(batches: Iterable[Batch], device: str = "cpu") -> Samples:
     return seen
 
 
-def expected(root: Path, layout: Layout = FACES) -> Samples:
+def expected(root: Path, layout: Layout = FACES, geometry: Geometry = ARTICLE) -> Samples:
     """Every sample of the tree, decoded and center-cropped directly, by canonical id."""
-    transform = article_transform("center")
+    transform = article_transform("center", geometry)
     records, _ = read_records(root, layout)
     return {i: (transform(open_sample(r.path, r.source)), r.label) for i, r in enumerate(records)}
 

@@ -10,10 +10,12 @@ import torch
 from PIL import Image
 
 from facebench import loaders
+from facebench.config import validate
 from facebench.data.folder import csv_records, folder_records
 from facebench.data.sources import Layout, read_records
 from facebench.data.synthetic import ensure_synthetic
-from facebench.errors import DataError
+from facebench.data.transforms import Geometry
+from facebench.errors import ConfigError, DataError
 from facebench.runner import run_training
 from facebench.shards.manifest import Manifest
 from tests.helpers import LOADERS, assert_same_samples, delivered, expected
@@ -142,3 +144,71 @@ def test_a_run_over_a_labels_csv_records_its_class_map(make_cfg, tmp_path, folde
     assert metrics["samples_unique"] == metrics["samples_seen"]
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["classes"] == {"kind0": 0, "kind1": 1}
+
+
+# Another geometry than the article's: smaller, a crop of most of it, other statistics.
+SMALL = [
+    "transform.resize=64",
+    "transform.crop=48",
+    "transform.mean=[0.5,0.4,0.3]",
+    "transform.std=[0.25,0.2,0.3]",
+]
+
+
+@pytest.mark.parametrize("name", LOADERS)
+def test_every_loader_follows_the_configured_geometry(make_cfg, tmp_path, folder_root, name):
+    cfg = make_cfg(
+        "data=synthetic",
+        "data.layout=folder",
+        f"loader={name}",
+        "loader.crop=center",
+        "n_workers=2",
+        "batch_size=4",
+        "shard_size=40",
+        f"shards_dir={tmp_path}",
+        *SMALL,
+    )
+    records, labels = read_records(folder_root, FOLDER)
+    spec = loaders.get(name)
+    ctx = loaders.context(cfg, spec, folder_root, records, labels, torch.device("cpu"))
+    assert ctx.geometry == Geometry(64, 48, (0.5, 0.4, 0.3), (0.25, 0.2, 0.3))
+    spec.before_epoch(ctx)
+    seen = delivered(spec.build(ctx), geometry=ctx.geometry)
+    assert all(image.shape == (3, 48, 48) for image, _ in seen.values())
+    truth = expected(folder_root, FOLDER, ctx.geometry)
+    assert_same_samples(seen, truth, atol=TOLERANCE * 0.225 / 0.2 if name in CLOSE else 1e-5)
+
+
+def test_raw_shards_follow_transform_resize(make_cfg, tmp_path, folder_root):
+    def build(*overrides):
+        cfg = make_cfg(
+            "data=synthetic",
+            "data.layout=folder",
+            "loader=raw",
+            f"shards_dir={tmp_path}",
+            *overrides,
+        )
+        spec = loaders.get("raw")
+        records, labels = read_records(folder_root, FOLDER)
+        ctx = loaders.context(cfg, spec, folder_root, records, labels, torch.device("cpu"))
+        spec.before_epoch(ctx)
+        return Manifest.read(ctx.shards_dir)
+
+    assert build().settings["resize"] == 112
+    small = build("transform.resize=64", "transform.crop=48")  # rebuilt: the records are smaller
+    assert small.settings["resize"] == 64
+    assert small.shards[0].bytes < build().shards[0].bytes
+
+
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        ("transform.crop=120", "transform.crop=120: must be from 1 to transform.resize (112)"),
+        ("transform.mean=[0.5]", "transform.mean=[0.5]: give one value per channel"),
+        ("transform.std=[0.2,0,0.2]", "every value must be above 0"),
+    ],
+)
+def test_a_bad_geometry_is_named(make_cfg, override, says):
+    with pytest.raises(ConfigError) as error:
+        validate(make_cfg(override))
+    assert says in str(error.value)

@@ -61,8 +61,10 @@ def jpeg_components(data: bytes) -> int | None:
     return None
 
 
-def decode_resized(data: bytes, source: str, name: str = "<bytes>") -> torch.Tensor:
-    """Encoded image bytes -> (112, 112, 3) uint8, HWC, as the article prepared it."""
+def decode_resized(
+    data: bytes, source: str, name: str = "<bytes>", size: tuple[int, int] = RESIZE
+) -> torch.Tensor:
+    """Encoded image bytes -> (112, 112, 3) uint8 (or `size`), HWC, as the article prepared it."""
     if not data:
         raise bad_image(name, ValueError("empty file"))
     if jpeg_components(data) in (1, 3):
@@ -72,11 +74,11 @@ def decode_resized(data: bytes, source: str, name: str = "<bytes>") -> torch.Ten
         except RuntimeError:
             image = None  # PIL decides: it reads some files libjpeg-turbo's strict mode refuses
         if image is not None:
-            return resize_sample(image, source)
+            return resize_sample(image, source, size=size)
     # Anything else goes through PIL (see the module docstring).
     rgb = np.asarray(decode_sample(data, source, name))  # RGB, CelebA already cropped
     image = torch.from_numpy(rgb.copy()).permute(2, 0, 1)
-    return resize_sample(image, source, cropped=True)
+    return resize_sample(image, source, cropped=True, size=size)
 
 
 def crop_box(image: torch.Tensor, box: tuple[int, int, int, int]) -> torch.Tensor:
@@ -93,10 +95,13 @@ def crop_box(image: torch.Tensor, box: tuple[int, int, int, int]) -> torch.Tenso
     return out
 
 
-def resize_sample(image: torch.Tensor, source: str, cropped: bool = False) -> torch.Tensor:
-    """(3, H, W) uint8 RGB -> cropped if CelebA (unless already), 112x112, as (112, 112, 3)."""
+def resize_sample(
+    image: torch.Tensor, source: str, cropped: bool = False, size: tuple[int, int] = RESIZE
+) -> torch.Tensor:
+    """(3, H, W) uint8 RGB -> cropped if CelebA (unless already), resized to `size` (112x112),
+    as (H, W, 3)."""
     if source == CELEBA and not cropped:
         image = crop_box(image, CELEBA_BOX)
-    if tuple(image.shape[1:]) != RESIZE:
-        image = functional.resize(image, list(RESIZE), antialias=True)
+    if tuple(image.shape[1:]) != tuple(size):
+        image = functional.resize(image, list(size), antialias=True)
     return image.permute(1, 2, 0).contiguous()

@@ -17,7 +17,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 from facebench.data.sources import LabelSpace, Record
-from facebench.data.transforms import article_transform
+from facebench.data.transforms import Geometry, article_transform
 from facebench.distributed import World
 from facebench.errors import ConfigError
 from facebench.loaders.base import LoaderContext
@@ -73,7 +73,7 @@ def context(
         n_workers=cfg.n_workers,
         seed=cfg.seed,
         device=device,
-        transform=article_transform(cfg.loader.crop),
+        transform=article_transform(cfg.loader.crop, Geometry.of(cfg.transform)),
         shards_dir=shards,
         shard_size=cfg.shard_size,
         excluded=excluded,
@@ -82,4 +82,5 @@ def context(
         verify_shards=cfg.verify_shards,
         cache=cache_dir(cfg.data.cache_dir),
         layout=data_layout(cfg.data),
+        geometry=Geometry.of(cfg.transform),
     )

@@ -22,7 +22,7 @@ from facebench.config import LoaderConfig
 from facebench.data.batch_transforms import crop_offsets
 from facebench.data.check import Listing
 from facebench.data.sources import FACES, LabelSpace, Layout, Record
-from facebench.data.transforms import CROP, RESIZE
+from facebench.data.transforms import ARTICLE, Geometry
 from facebench.distributed import World
 from facebench.resources import WORKER_OWN_BYTES, batch_bytes
 
@@ -81,6 +81,9 @@ class LoaderContext:
     listing: Listing | None = None
     # How data_root is laid out, for loaders that list it themselves inside the clock.
     layout: Layout = FACES
+    # Resize, crop and normalization sizes (transform.*): what `transform` applies per sample,
+    # and what uint8 batches hold and the device finishes.
+    geometry: Geometry = ARTICLE
 
     def epoch_seed(self) -> int:
         """A seed for this epoch's shuffle, the same on every rank and worker."""
@@ -128,7 +131,7 @@ def data_loader(
 def worker_memory(ctx: LoaderContext, finished: bool = True, held: int = 0) -> int:
     """One worker's memory: its own pages, the batches it keeps ready (float32 crops, or uint8
     images when the device finishes them), and `held`, what the loader itself keeps."""
-    shape = (3, *CROP) if finished else (*RESIZE, 3)
+    shape = (3, *ctx.geometry.cropped) if finished else (*ctx.geometry.resized, 3)
     ready = ctx.options.prefetch_factor * batch_bytes(ctx.batch_size, shape, finished)
     return WORKER_OWN_BYTES + ready + held
 
@@ -161,13 +164,21 @@ def batch_rng(epoch_seed: int, ids: torch.Tensor) -> np.random.Generator:
     return np.random.default_rng([epoch_seed, int(ids[0]) if len(ids) else 0, len(ids)])
 
 
-def batch_offsets(crop: str, epoch_seed: int, ids: torch.Tensor) -> torch.Tensor:
+def batch_offsets(
+    crop: str, epoch_seed: int, ids: torch.Tensor, geometry: Geometry = ARTICLE
+) -> torch.Tensor:
     """(n, 2) crop offsets for the batch of these sample ids (see batch_rng)."""
-    return torch.from_numpy(crop_offsets(len(ids), crop, batch_rng(epoch_seed, ids)))
+    rng = batch_rng(epoch_seed, ids)
+    return torch.from_numpy(crop_offsets(len(ids), crop, rng, geometry))
 
 
 def uint8_batch(
-    images: torch.Tensor, labels: torch.Tensor, ids: torch.Tensor, crop: str, epoch_seed: int
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    ids: torch.Tensor,
+    crop: str,
+    epoch_seed: int,
+    geometry: Geometry = ARTICLE,
 ) -> Batch:
     """A (n, 112, 112, 3) uint8 batch with its crop offsets, drawn now, for the device to finish."""
-    return Batch(images, labels, ids, batch_offsets(crop, epoch_seed, ids))
+    return Batch(images, labels, ids, batch_offsets(crop, epoch_seed, ids, geometry))

@@ -34,7 +34,6 @@ from facebench.config import LoaderConfig
 from facebench.data.fast_decode import jpeg_components
 from facebench.data.images import CELEBA_BOX, decode_sample
 from facebench.data.sources import CELEBA, Record, records_by_source
-from facebench.data.transforms import RESIZE
 from facebench.errors import FacebenchError
 from facebench.loaders.base import Batch, LoaderContext, batch_offsets, usable
 from facebench.loaders.spec import LoaderSpec
@@ -127,7 +126,11 @@ def _pipeline(source: Source, ctx: LoaderContext):
             images, anchors, shapes, axis_names="HW", out_of_bounds_policy="pad", fill_values=0
         )
         images = fn.resize(
-            images, resize_x=112, resize_y=112, interp_type=types.INTERP_LINEAR, antialias=True
+            images,
+            resize_x=ctx.geometry.resize,
+            resize_y=ctx.geometry.resize,
+            interp_type=types.INTERP_LINEAR,
+            antialias=True,
         )
         return images, ids
 
@@ -174,7 +177,9 @@ class DaliBatches:
                 self.source.fed.popleft()
                 ids = output["ids"].view(-1).cpu()
                 labels = torch.from_numpy(self.labels[ids.numpy()])
-                offsets = batch_offsets(self.ctx.options.crop, self.ctx.epoch_seed(), ids)
+                offsets = batch_offsets(
+                    self.ctx.options.crop, self.ctx.epoch_seed(), ids, self.ctx.geometry
+                )
                 yield Batch(output["images"], labels, ids, offsets)
         finally:
             # Stopped now, not whenever the last reference goes: a pipeline object left to the
@@ -199,7 +204,7 @@ class DaliBatches:
 
 def worker_memory(ctx: LoaderContext) -> int:
     """Threads, not processes: the uint8 batches DALI keeps in its prefetch queue."""
-    shape = (*RESIZE, 3)
+    shape = (*ctx.geometry.resized, 3)
     return ctx.options.prefetch_factor * batch_bytes(ctx.batch_size, shape, finished=False)
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from facebench.config import LoaderConfig
+from facebench.data.transforms import Geometry
 from facebench.errors import ShardError
 from facebench.loaders import base
 from facebench.loaders.base import Batch, LoaderContext, batch_offsets
@@ -30,7 +31,10 @@ from facebench.loaders.spec import LoaderSpec
 class Collate:
     """LitData items -> one Batch; each item's label checked against the run's listing."""
 
-    def __init__(self, labels: np.ndarray, crop: str, epoch_seed: int, folder: str) -> None:
+    def __init__(
+        self, labels: np.ndarray, crop: str, epoch_seed: int, folder: str, geometry: Geometry
+    ) -> None:
+        self.geometry = geometry
         self.labels = labels
         self.crop = crop
         self.epoch_seed = epoch_seed
@@ -46,7 +50,7 @@ class Collate:
                 "or stale. Rebuild: python prepare.py format=litdata"
             )
         images = torch.from_numpy(np.stack([item["image"] for item in items]))
-        offsets = batch_offsets(self.crop, self.epoch_seed, ids)
+        offsets = batch_offsets(self.crop, self.epoch_seed, ids, self.geometry)
         return Batch(images, labels, ids, offsets)
 
 
@@ -72,7 +76,7 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
         drop_last=True,
     )
     labels = np.array([record.label for record in ctx.records], dtype=np.int64)
-    collate = Collate(labels, ctx.options.crop, ctx.epoch_seed(), str(ctx.shards_dir))
+    collate = Collate(labels, ctx.options.crop, ctx.epoch_seed(), str(ctx.shards_dir), ctx.geometry)
     extra = {"prefetch_factor": ctx.options.prefetch_factor} if ctx.n_workers else {}
     return StreamingDataLoader(
         dataset,

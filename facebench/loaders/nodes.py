@@ -37,6 +37,7 @@ from facebench.config import Decoder, LoaderConfig, WorkerKind
 from facebench.data.fast_decode import decode_resized
 from facebench.data.images import open_sample
 from facebench.data.sources import Record, records_by_source
+from facebench.data.transforms import Geometry
 from facebench.errors import LoaderFailure
 from facebench.loader_failures import signal_name, too_many_open_files, worker_died
 from facebench.loaders import base
@@ -76,8 +77,11 @@ class ToRecords:
 class LoadBatch:
     """(index, record) pairs -> (images, labels, ids); picklable for process workers."""
 
-    def __init__(self, decoder: str, transform: Callable, crop: str, epoch_seed: int) -> None:
+    def __init__(
+        self, decoder: str, transform: Callable, crop: str, epoch_seed: int, geometry: Geometry
+    ) -> None:
         self.epoch_seed = epoch_seed
+        self.geometry = geometry
         self.decoder = decoder
         self.transform = transform
         self.crop = crop
@@ -91,8 +95,11 @@ class LoadBatch:
             torch.manual_seed(int(batch_rng(self.epoch_seed, ids).integers(2**62)))
             images = [self.transform(open_sample(r.path, r.source)) for r in chosen]
             return Batch(torch.stack(images), labels, ids)
-        images = torch.stack([decode_resized(_read(r.path), r.source, r.path) for r in chosen])
-        return uint8_batch(images, labels, ids, self.crop, self.epoch_seed)
+        size = self.geometry.resized
+        images = torch.stack(
+            [decode_resized(_read(r.path), r.source, r.path, size) for r in chosen]
+        )
+        return uint8_batch(images, labels, ids, self.crop, self.epoch_seed, self.geometry)
 
 
 def _read(path: str) -> bytes:
@@ -122,7 +129,7 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
     node = Mapper(node, map_fn=ToRecords(records))
     # The ranks share the shuffle's seed; their crops must differ.
     crop_seed = ctx.epoch_seed() + ctx.world.rank
-    load = LoadBatch(options.decoder, ctx.transform, options.crop, crop_seed)
+    load = LoadBatch(options.decoder, ctx.transform, options.crop, crop_seed, ctx.geometry)
     if ctx.n_workers > 0:
         node = ParallelMapper(
             node, map_fn=load, num_workers=ctx.n_workers, method=options.method, in_order=True
@@ -179,6 +186,20 @@ class Watched:
             if watcher.is_alive():
                 watcher.join()
             threading.excepthook = previous_hook
+            self._drop_unsent()
+
+    def _drop_unsent(self) -> None:
+        """Let the process exit without sending what the workers will never read.
+
+        An epoch stopped early (max_batches, a time limit, an error) leaves work in the mapper's
+        multiprocessing queues; at exit, each queue's feeder thread would wait forever to push
+        it into a pipe nobody reads any more (a run measured its epoch, then never ended).
+        """
+        mapper = self._mapper_iter()
+        for name in ("_in_q", "_intermed_q"):
+            queue = getattr(mapper, name, None)
+            if hasattr(queue, "cancel_join_thread"):  # process workers; thread queues need none
+                queue.cancel_join_thread()
 
     def _mapper_iter(self) -> Any:
         """The running _ParallelMapperIter (ParallelMapper -> _ParallelMapperImpl -> iter)."""

@@ -55,6 +55,8 @@ class RawBatches:
         self.batch_size = ctx.batch_size
         self.epoch_seed = ctx.epoch_seed()  # the same on every rank
         self.crop = ctx.options.crop
+        self.geometry = ctx.geometry
+        self.resize = ctx.geometry.resize  # what before_epoch built the shards with
         self.pin = ctx.pin_memory
         self.rank, self.world_size = ctx.world.rank, ctx.world.world_size
         self.n_threads = ctx.n_workers
@@ -107,7 +109,7 @@ class RawBatches:
                     files.append(fd)
                     if os.fstat(fd).st_size != shard.bytes:
                         raise ShardError(f"{path}: not the size its manifest records")
-                    self.data_starts.append(raw_format.data_offset(fd, str(path)))
+                    self.data_starts.append(raw_format.data_offset(fd, str(path), self.resize))
             # The indexes were read a moment ago: the files just opened must be the same set.
             with self.guard.reading(self.folder):
                 if self.guard.changed():
@@ -121,13 +123,14 @@ class RawBatches:
     def _batch(self, files: list[int], order: np.ndarray, index: int) -> Batch:
         chosen = np.sort(order[index * self.batch_size : (index + 1) * self.batch_size])
         images = torch.empty(
-            (len(chosen), *raw_format.SHAPE), dtype=torch.uint8, pin_memory=self.pin
+            (len(chosen), *raw_format.shape(self.resize)), dtype=torch.uint8, pin_memory=self.pin
         )
         self._gather(files, chosen, images.numpy())
         ids = torch.from_numpy(self.ids[chosen])
         labels = torch.from_numpy(self.labels[chosen])
         # Crop randomness per batch, as every loader draws it: whichever thread gathers it.
-        return Batch(images, labels, ids, batch_offsets(self.crop, self.epoch_seed, ids))
+        offsets = batch_offsets(self.crop, self.epoch_seed, ids, self.geometry)
+        return Batch(images, labels, ids, offsets)
 
     def _gather(self, files: list[int], positions: np.ndarray, out: np.ndarray) -> None:
         """Read the samples at these (sorted) global positions into out, one pread each."""
@@ -147,7 +150,7 @@ def worker_memory(ctx: LoaderContext) -> int:
     ahead = max(1, ctx.n_workers) * ctx.options.prefetch_factor
     return (
         ahead
-        * batch_bytes(ctx.batch_size, raw_format.SHAPE, finished=False)
+        * batch_bytes(ctx.batch_size, raw_format.shape(ctx.geometry.resize), finished=False)
         // max(1, ctx.n_workers)
     )
 

@@ -29,6 +29,7 @@ def ensure_loader_shards(ctx: LoaderContext, shard_format: str) -> dict[str, flo
         cache=ctx.cache,
         listing=ctx.listing,
         layout=ctx.layout,
+        resize=ctx.geometry.resize,
     )
     if ctx.verify_shards:
         corrupted = shard_set.manifest.corrupted(ctx.shards_dir)

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import torch
 
 from facebench.config import LoaderConfig
-from facebench.data.transforms import CROP
 from facebench.loaders.base import Batch, LoaderContext
 from facebench.loaders.spec import LoaderSpec
 
@@ -35,7 +34,7 @@ class SameBatch:
 def build(ctx: LoaderContext) -> SameBatch:
     generator = torch.Generator(device=ctx.device).manual_seed(ctx.seed)
     images = torch.randn(
-        (ctx.batch_size, 3, *CROP), generator=generator, device=ctx.device
+        (ctx.batch_size, 3, *ctx.geometry.cropped), generator=generator, device=ctx.device
     ).contiguous(memory_format=torch.channels_last)
     labels = torch.randint(
         0, ctx.labels.n_classes, (ctx.batch_size,), generator=generator, device=ctx.device

@@ -28,7 +28,7 @@ from facebench.config import Decoder, LoaderConfig
 from facebench.data.fast_decode import decode_resized, jpeg_components
 from facebench.data.images import decode_sample
 from facebench.data.sources import CELEBA
-from facebench.data.transforms import RESIZE
+from facebench.data.transforms import Geometry
 from facebench.errors import ConfigError, FacebenchError, ShardError
 from facebench.loaders import base
 from facebench.loaders.base import (
@@ -72,7 +72,9 @@ class Decode:
         folder: Path,
         shards: list[ShardEntry],
         guard: ShardGuard,
+        geometry: Geometry,
     ) -> None:
+        self.geometry = geometry
         self.decoder = decoder
         self.transform = transform
         self.keep_jpeg = keep_jpeg
@@ -119,7 +121,7 @@ class Decode:
         name = f"{source_path} (sample {sample['__key__']} of {sample.get('__url__')})"
         if self.decoder == "pil":
             return self.transform(decode_sample(data, source, name)), label, sample_id
-        return decode_resized(data, source, name), label, sample_id
+        return decode_resized(data, source, name, self.geometry.resized), label, sample_id
 
 
 class ReadFailure:
@@ -145,8 +147,11 @@ class Collate:
     """A list of decoded samples -> one Batch: finished (pil), or uint8 with crop offsets and,
     with device_decode, the JPEGs still encoded."""
 
-    def __init__(self, decoder: str, crop: str, keep_jpeg: bool, epoch_seed: int) -> None:
+    def __init__(
+        self, decoder: str, crop: str, keep_jpeg: bool, epoch_seed: int, geometry: Geometry
+    ) -> None:
         self.epoch_seed = epoch_seed
+        self.geometry = geometry
         self.decoder = decoder
         self.crop = crop
         self.keep_jpeg = keep_jpeg
@@ -157,19 +162,21 @@ class Collate:
         if self.decoder == "pil":
             return Batch(torch.stack([image for image, _, _ in samples]), labels, ids)
         if self.keep_jpeg:
-            images, packed, index = _pack_jpegs(samples)
-            offsets = batch_offsets(self.crop, self.epoch_seed, ids)
+            images, packed, index = _pack_jpegs(samples, self.geometry)
+            offsets = batch_offsets(self.crop, self.epoch_seed, ids, self.geometry)
             return Batch(images, labels, ids, offsets, (packed, index))
         images = torch.stack([image for image, _, _ in samples])
-        return uint8_batch(images, labels, ids, self.crop, self.epoch_seed)
+        return uint8_batch(images, labels, ids, self.crop, self.epoch_seed, self.geometry)
 
 
-def _pack_jpegs(samples: list[tuple]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _pack_jpegs(
+    samples: list[tuple], geometry: Geometry
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Decoded PNGs in a uint8 batch; JPEG bytes concatenated, with each one's length and slot.
 
     One tensor for all JPEG bytes crosses from the worker in one piece rather than one per image.
     """
-    images = torch.zeros((len(samples), *RESIZE, 3), dtype=torch.uint8)
+    images = torch.zeros((len(samples), *geometry.resized, 3), dtype=torch.uint8)
     jpegs, lengths, slots = [], [], []
     for slot, (image, _, _) in enumerate(samples):
         if image.dim() == 1:
@@ -220,13 +227,21 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
         wds.shuffle(options.shuffle_buffer, seed=seed),
         wds.map(
             Decode(
-                options.decoder, ctx.transform, keep_jpeg, ctx.shards_dir, manifest.shards, guard
+                options.decoder,
+                ctx.transform,
+                keep_jpeg,
+                ctx.shards_dir,
+                manifest.shards,
+                guard,
+                ctx.geometry,
             )
         ),
         wds.batched(
             ctx.batch_size,
             # The ranks share the shuffle's seed; their crops must differ.
-            collation_fn=Collate(options.decoder, options.crop, keep_jpeg, seed + ctx.world.rank),
+            collation_fn=Collate(
+                options.decoder, options.crop, keep_jpeg, seed + ctx.world.rank, ctx.geometry
+            ),
             partial=False,
         ),
     )

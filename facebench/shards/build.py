@@ -37,6 +37,7 @@ from facebench.config import validate
 from facebench.data.check import Listing, list_usable, source_fingerprint
 from facebench.data.images import CELEBA_BOX
 from facebench.data.sources import FACES, Layout, Record
+from facebench.data.transforms import ARTICLE
 from facebench.errors import ConfigError, ShardError
 from facebench.parallel import map_in_processes
 from facebench.paths import cache_dir, check_writable, data_layout, data_root, shards_root
@@ -83,11 +84,15 @@ def format_module(name: str) -> ModuleType:
 
 
 def settings_for(
-    shard_format: str, seed: int, shard_size: int, skipped: list[str] | None = None
+    shard_format: str,
+    seed: int,
+    shard_size: int,
+    skipped: list[str] | None = None,
+    resize: int = ARTICLE.resize,
 ) -> dict[str, Any]:
     """Everything besides the source files that decides what the shards hold."""
     left_out = hashlib.sha256("\n".join(sorted(skipped or [])).encode()).hexdigest()
-    return {
+    settings = {
         "format": shard_format,
         "seed": seed,
         "shard_size": shard_size,
@@ -95,6 +100,9 @@ def settings_for(
         "decoded_mode": "RGB",
         "skipped": left_out,
     }
+    if format_module(shard_format).RESIZED:  # its records hold resized pixels
+        settings["resize"] = resize
+    return settings
 
 
 @contextmanager
@@ -149,6 +157,7 @@ def ensure_shards(
     cache: Path | None = None,
     listing: Listing | None = None,
     layout: Layout = FACES,
+    resize: int = ARTICLE.resize,
 ) -> ShardSet:
     """The shard set for the data at root, built into folder unless an up-to-date one is there.
 
@@ -156,14 +165,16 @@ def ensure_shards(
     says)."""
     with _building(folder):
         listing = listing or list_usable(root, on_bad_sample, cache or cache_dir(), n_procs, layout)
-        return _ensure_shards(folder, shard_format, seed, shard_size, n_procs, cache, listing)
+        settings = settings_for(
+            shard_format, seed, shard_size, sorted(listing.usable.excluded), resize
+        )
+        return _ensure_shards(folder, shard_format, settings, n_procs, cache, listing)
 
 
 def _ensure_shards(
     folder: Path,
     shard_format: str,
-    seed: int,
-    shard_size: int,
+    settings: dict[str, Any],
     n_procs: int,
     cache: Path | None,
     listing: Listing,
@@ -172,11 +183,12 @@ def _ensure_shards(
     module = format_module(shard_format)
     usable, labels = listing.usable, listing.labels
     fingerprint = source_fingerprint(listing.records, listing.root)
-    settings = settings_for(shard_format, seed, shard_size, sorted(usable.excluded))
     existing = _up_to_date(folder, fingerprint, settings)
     if existing is not None:
         return ShardSet(folder, existing, False, time.perf_counter() - started, len(usable.skipped))
-    plan = _plan(usable.records, seed, shard_size, module, fingerprint, settings)
+    plan = _plan(
+        usable.records, settings["seed"], settings["shard_size"], module, fingerprint, settings
+    )
     needed = _needed_bytes(folder, module, plan, usable.records)
     if getattr(module, "WHOLE_SET", False):
         shards = _write_whole_set(folder, module, plan, usable.records, n_procs, cache, needed)
@@ -263,7 +275,7 @@ def _plan(
 
 def _needed_bytes(folder: Path, module: ModuleType, plan: _Plan, records: list[Record]) -> int:
     sizes = [len(chunk) for chunk in plan.chunks]
-    shard_bytes = module.estimate_bytes(sizes, records)
+    shard_bytes = module.estimate_bytes(sizes, records, _resize(plan.settings))
     return room.set_bytes(shard_bytes, len(records), room.block_size(folder))
 
 
@@ -278,7 +290,13 @@ def _write_missing(
 ) -> None:
     """Write the shards not done yet (in processes), adding each to `done` as it is finished."""
     tasks = [
-        (shard_format, str(folder), name, [(int(i), records[i]) for i in chunk])
+        (
+            shard_format,
+            str(folder),
+            name,
+            [(int(i), records[i]) for i in chunk],
+            _resize(plan.settings),
+        )
         for name, chunk in zip(plan.names, plan.chunks, strict=True)
         if name not in done
     ]
@@ -325,7 +343,9 @@ def _write_whole_set(
     samples = [(int(i), records[i]) for i in order]
     log.info("writing %d samples with %s into %s", len(samples), module.__name__, folder)
     try:
-        return module.write_set(samples, folder, n_procs, cache or cache_dir())
+        return module.write_set(
+            samples, folder, n_procs, cache or cache_dir(), _resize(plan.settings)
+        )
     except OSError as error:
         if error.errno in room.DISK_FULL:
             raise room.disk_full(folder, needed, 0, 1) from None
@@ -373,9 +393,13 @@ def _finished_shards(folder: Path) -> dict[str, ShardEntry]:
     return done
 
 
-def _write_shard(task: tuple[str, str, str, list[tuple[int, Record]]]) -> ShardEntry:
-    shard_format, folder, name, samples = task
-    data = FORMATS[shard_format].encode(samples)
+def _resize(settings: dict[str, Any]) -> int:
+    return int(settings.get("resize", ARTICLE.resize))
+
+
+def _write_shard(task: tuple[str, str, str, list[tuple[int, Record]], int]) -> ShardEntry:
+    shard_format, folder, name, samples, resize = task
+    data = FORMATS[shard_format].encode(samples, resize)
     index = encode_index([i for i, _ in samples], [r.label for _, r in samples])
     entry = ShardEntry(
         name=name,
@@ -421,6 +445,7 @@ def run_prepare(
         on_bad_sample=cfg.on_bad_sample,
         cache=cache_dir(cfg.data.cache_dir),
         layout=data_layout(cfg.data),
+        resize=cfg.transform.resize,
     )
     verb = "built" if shard_set.built else "checked"
     log.info("%s %s in %.1f s", verb, folder, shard_set.seconds)

@@ -34,21 +34,21 @@ from torchvision.transforms import functional
 
 from facebench.data.images import BadImage, bad_image, open_sample
 from facebench.data.sources import Record
-from facebench.data.transforms import RESIZE
 from facebench.shards.manifest import ShardEntry
 
 log = logging.getLogger(__name__)
 
 SUFFIX = ".bin"
+RESIZED = True  # items hold resized pixels: the set is rebuilt when transform.resize changes
 WHOLE_SET = True  # written by one litdata.optimize call, not shard by shard
 INDEX = "index.json"  # litdata's own index of its chunks
 CHUNK_BYTES = "64MB"
-_SAMPLE_BYTES = RESIZE[0] * RESIZE[1] * 3 + 64  # one item: its pixels and litdata's header
+_ITEM_HEADER_BYTES = 64  # litdata's per-item header, id and label
 
 
-def estimate_bytes(sizes: list[int], records: list[Record]) -> list[float]:
+def estimate_bytes(sizes: list[int], records: list[Record], resize: int) -> list[float]:
     """The set's bytes: fixed-size items, whatever the chunking."""
-    return [float(sum(sizes) * _SAMPLE_BYTES)]
+    return [float(sum(sizes) * (resize * resize * 3 + _ITEM_HEADER_BYTES))]
 
 
 class Items:
@@ -59,22 +59,25 @@ class Items:
     stand-in item (id -1) takes its place, and write_set raises it once optimize has finished.
     """
 
-    def __init__(self, errors: Path) -> None:
+    def __init__(self, errors: Path, resize: int) -> None:
         self.errors = errors
+        self.size = [resize, resize]
 
     def __call__(self, sample: tuple[int, Record]) -> dict:
         sample_id, record = sample
         try:
-            image = functional.resize(open_sample(record.path, record.source), list(RESIZE))
+            image = functional.resize(open_sample(record.path, record.source), self.size)
         except Exception as error:
             bad = error if isinstance(error, BadImage) else bad_image(record.path, error)
             (self.errors / f"{sample_id}.txt").write_text(str(bad), encoding="utf-8")
-            image = np.zeros((*RESIZE, 3), dtype=np.uint8)
+            image = np.zeros((*self.size, 3), dtype=np.uint8)
             sample_id = -1
         return {"image": np.asarray(image), "id": sample_id, "label": record.label}
 
 
-def write_set(samples: list[tuple[int, Record]], folder: Path, n_procs: int, cache: Path) -> list:
+def write_set(
+    samples: list[tuple[int, Record]], folder: Path, n_procs: int, cache: Path, resize: int
+) -> list:
     """Write every sample (in this order) with litdata.optimize into folder; its chunks, as
     manifest entries (index_sha256 empty: the labels travel in the items)."""
     import litdata
@@ -91,7 +94,7 @@ def write_set(samples: list[tuple[int, Record]], folder: Path, n_procs: int, cac
     try:
         with contextlib.redirect_stdout(printed):
             litdata.optimize(
-                fn=Items(errors),
+                fn=Items(errors, resize),
                 inputs=samples,
                 output_dir=str(folder),
                 chunk_bytes=CHUNK_BYTES,

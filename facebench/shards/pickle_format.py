@@ -20,16 +20,17 @@ from facebench.data.sources import Record
 from facebench.shards import room
 
 SUFFIX = ".pickle"
+RESIZED = False  # stores decoded images before the transform: transform.resize does not matter
 _FRAMING_BYTES = 160  # a pickled PIL image's mode, size and class, the label and the id
 
 
-def encode(samples: list[tuple[int, Record]]) -> bytes:
+def encode(samples: list[tuple[int, Record]], resize: int) -> bytes:
     """(sample id, record) pairs -> the pickled shard."""
     decoded = [(open_sample(r.path, r.source), r.label, i) for i, r in samples]
     return pickle.dumps(decoded, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def estimate_bytes(sizes: list[int], records: list[Record]) -> list[float]:
+def estimate_bytes(sizes: list[int], records: list[Record], resize: int) -> list[float]:
     """Each shard's bytes, for shards of these sample counts: decoded pixels, from a sample of
     the images, and pickle's framing of each (image, label, id)."""
     per_sample = room.mean_decoded_bytes(records) + _FRAMING_BYTES

@@ -16,6 +16,7 @@ from facebench.data.sources import CELEBA, DIGIFACE, Record
 from facebench.shards import room
 
 SUFFIX = ".tar"
+RESIZED = False  # stores the original files
 # Each sample's image member, by source: the key says how to treat it (CelebA: its crop box).
 IMAGE_KEYS = {CELEBA: "jpg", DIGIFACE: "png", FOLDER: "img"}
 _BLOCK = tarfile.BLOCKSIZE
@@ -28,14 +29,14 @@ def _member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def estimate_bytes(sizes: list[int], records: list[Record]) -> list[float]:
+def estimate_bytes(sizes: list[int], records: list[Record], resize: int) -> list[float]:
     """Each shard's bytes, for shards of these sample counts: the source files (from a sample
     of them) in 512-byte tar blocks, three members' headers, label and path, and the end mark."""
     per_sample = room.mean_file_bytes(records) + _BLOCK / 2 + 5 * _BLOCK
     return [size * per_sample + tarfile.RECORDSIZE for size in sizes]
 
 
-def encode(samples: list[tuple[int, Record]]) -> bytes:
+def encode(samples: list[tuple[int, Record]], resize: int) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for sample_id, record in samples:
