@@ -41,6 +41,12 @@ def is_image_name(name: str, extensions: frozenset[str]) -> bool:
     return os.path.splitext(name)[1].lower() in extensions
 
 
+def class_folder_of(root: str, path: str) -> str | None:
+    """The top folder under root that holds path (its class folder); None for a file in root."""
+    parts = os.path.relpath(path, root).split(os.sep, 1)
+    return parts[0] if len(parts) == 2 else None
+
+
 def class_folders(root: Path) -> list[str]:
     """The class folders' names, sorted: their positions are the class indices."""
     if not root.is_dir():

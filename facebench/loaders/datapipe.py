@@ -35,7 +35,7 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe
 from torch.utils.data.datapipes.iter import FileLister, IterableWrapper
 
 from facebench.config import LoaderConfig
-from facebench.data.folder import FOLDER, image_extensions, is_image_name
+from facebench.data.folder import FOLDER, class_folder_of, image_extensions, is_image_name
 from facebench.data.images import open_sample
 from facebench.data.sample_index import SampleIndex
 from facebench.data.sources import (
@@ -94,12 +94,10 @@ class KeepClassImage:
         self.excluded = excluded
 
     def __call__(self, path: str) -> bool:
-        top = os.path.relpath(path, self.root).split(os.sep, 1)[0]
         return (
-            top in self.classes
+            class_folder_of(self.root, path) in self.classes
             and is_image_name(path, self.extensions)
             and path not in self.excluded
-            and top != os.path.relpath(path, self.root)  # a file in the root is no class's
         )
 
 
@@ -112,8 +110,8 @@ class FolderRecord:
         self.ids = ids
 
     def __call__(self, path: str) -> PipeRecord:
-        top = os.path.relpath(path, self.root).split(os.sep, 1)[0]
-        return path, self.classes[top], FOLDER, self.ids(path)
+        label = self.classes[class_folder_of(self.root, path)]
+        return path, label, FOLDER, self.ids(path)
 
 
 class TakeFirst(IterDataPipe):

@@ -164,11 +164,12 @@ def ensure_shards(
     `listing`: the data as a run already listed and checked it (else listed here, as `layout`
     says)."""
     with _building(folder):
+        started = time.perf_counter()  # listing here, when it is done here, counts as prepare_s
         listing = listing or list_usable(root, on_bad_sample, cache or cache_dir(), n_procs, layout)
         settings = settings_for(
             shard_format, seed, shard_size, sorted(listing.usable.excluded), resize
         )
-        return _ensure_shards(folder, shard_format, settings, n_procs, cache, listing)
+        return _ensure_shards(folder, shard_format, settings, n_procs, cache, listing, started)
 
 
 def _ensure_shards(
@@ -178,8 +179,8 @@ def _ensure_shards(
     n_procs: int,
     cache: Path | None,
     listing: Listing,
+    started: float,
 ) -> ShardSet:
-    started = time.perf_counter()
     module = format_module(shard_format)
     usable, labels = listing.usable, listing.labels
     fingerprint = source_fingerprint(listing.records, listing.root)
@@ -190,7 +191,7 @@ def _ensure_shards(
         usable.records, settings["seed"], settings["shard_size"], module, fingerprint, settings
     )
     needed = _needed_bytes(folder, module, plan, usable.records)
-    if getattr(module, "WHOLE_SET", False):
+    if module.WHOLE_SET:
         shards = _write_whole_set(folder, module, plan, usable.records, n_procs, cache, needed)
     else:
         room.check_room(folder, needed, room.bytes_in(folder, _SHARD_PREFIX))

@@ -21,6 +21,7 @@ from facebench.shards import room
 
 SUFFIX = ".pickle"
 RESIZED = False  # stores decoded images before the transform: transform.resize does not matter
+WHOLE_SET = False  # written shard by shard, resumable
 _FRAMING_BYTES = 160  # a pickled PIL image's mode, size and class, the label and the id
 
 

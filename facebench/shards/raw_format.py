@@ -22,6 +22,7 @@ from facebench.errors import ShardError
 
 SUFFIX = ".npy"
 RESIZED = True  # stores resized pixels: the set is rebuilt when transform.resize changes
+WHOLE_SET = False  # written shard by shard, resumable
 
 
 def shape(resize: int) -> tuple[int, int, int]:

@@ -17,6 +17,7 @@ from facebench.shards import room
 
 SUFFIX = ".tar"
 RESIZED = False  # stores the original files
+WHOLE_SET = False  # written shard by shard, resumable
 # Each sample's image member, by source: the key says how to treat it (CelebA: its crop box).
 IMAGE_KEYS = {CELEBA: "jpg", DIGIFACE: "png", FOLDER: "img"}
 _BLOCK = tarfile.BLOCKSIZE
