@@ -16,7 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from facebench import loaders
+from facebench import loaders, parent_death
 from facebench.config import register_configs
 from facebench.errors import FacebenchError
 
@@ -92,10 +92,12 @@ def install_process_handlers() -> None:
     SIGTERM (torchrun stopping the other ranks, SLURM's scancel or time limit) ends the job like
     Ctrl-C: runs are closed as KILLED and workers stopped, rather than left RUNNING. A worker whose
     main process stopped listening (it failed, and says why in one line) goes without printing
-    the broken pipe's traceback.
+    the broken pipe's traceback. Every process forked from here on dies with its parent, even
+    one killed with SIGKILL (facebench.parent_death).
     """
     global _job_pid
     _job_pid = os.getpid()
+    parent_death.install()
     signal.signal(signal.SIGTERM, _interrupt)
     sys.excepthook = _quiet_broken_pipes_in_workers
 
@@ -111,6 +113,8 @@ def _quiet_broken_pipes_in_workers(kind: type[BaseException], error: BaseExcepti
 def _interrupt(signum: int, frame: object) -> None:
     if os.getpid() != _job_pid:
         # A forked worker inherits this handler; multiprocessing ends its daemonic workers
-        # with SIGTERM at exit, and a worker should then just go, without a traceback.
+        # with SIGTERM at exit, and a worker should then just go, without a traceback, and
+        # without leaving the folder of its file-descriptor sockets in /tmp.
+        parent_death.remove_own_tempdir()
         os._exit(128 + signum)
     raise KeyboardInterrupt(f"signal {signum}")

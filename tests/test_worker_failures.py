@@ -6,8 +6,10 @@ import json
 import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from facebench.paths import PROJECT_ROOT
@@ -89,3 +91,80 @@ def test_broken_workers_end_the_epoch_with_one_line(cache, mode):
         else:
             assert "ran out of open files" in line and "ulimit -n" in line, line
     assert "Traceback" not in output
+
+
+@pytest.mark.parametrize("loader", LOADERS)
+def test_no_worker_outlives_a_killed_run(tmp_path, cache, isolated_env, loader):
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            str(PROJECT_ROOT / "train.py"),
+            f"loader={loader}",
+            f"data.cache_dir={cache}",
+            "data.n_images=600",
+            "shards_dir=${data.cache_dir}/killed-runs",
+            "shard_size=100",
+            "batch_size=4",
+            "n_workers=2",
+            "repeat=1000",
+            "model=none",
+            "device=cpu",
+            "tracking=false",
+            f"hydra.run.dir={tmp_path / 'out'}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=isolated_env,
+    )
+    main = psutil.Process(process.pid)
+    deadline = time.monotonic() + 120
+    for line in process.stdout:  # the runner's line just before the first epoch
+        if f"loader={loader}, model=none" in line or time.monotonic() > deadline:
+            break
+    time.sleep(2)  # the epoch is under way: its workers are up
+    assert process.poll() is None, "the run ended before it could be killed"
+    workers = main.children(recursive=True)
+    process.kill()
+    gone, alive = psutil.wait_procs(workers, timeout=10)
+    for survivor in alive:
+        survivor.kill()  # they hold the output pipe open
+    process.communicate(timeout=60)
+    assert not alive, f"loader={loader}: {len(alive)} worker processes outlived a killed run"
+
+
+@pytest.mark.parametrize("loader", LOADERS)
+def test_a_failed_run_leaves_no_temporary_folders(tmp_path, isolated_env, loader):
+    """A run that fails on a bad image leaves none of its workers' socket folders in /tmp."""
+    from tests.conftest import write_tree
+
+    root = write_tree(tmp_path / "data", {f"{i:06d}.jpg": 1 + i % 3 for i in range(1, 9)}, {0: 30})
+    (root / "DigiFace1M" / "0" / "17.png").write_text("not a PNG")
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(PROJECT_ROOT / "train.py"),
+            f"loader={loader}",
+            "data=celeba_digiface",
+            f"data.root={root}",
+            f"shards_dir={tmp_path / 'shards'}",
+            "shard_size=8",
+            "batch_size=2",
+            "n_workers=2",
+            "model=none",
+            "device=cpu",
+            "tracking=false",
+            f"hydra.run.dir={tmp_path / 'out'}",
+        ],
+        capture_output=True,
+        text=True,
+        env={**isolated_env, "TMPDIR": str(temporary)},
+        timeout=300,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-3000:]
+    assert "17.png" in output and "cannot decode this image" in output, output[-3000:]
+    left = sorted(path.name for path in temporary.glob("pymp-*"))
+    assert not left, f"loader={loader}: temporary folders left behind: {left}"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -143,6 +144,31 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
     return Watched(Loader(node), mapper) if ctx.n_workers > 0 else Loader(node)
 
 
+# The threads that collect workers' batches (one per ParallelMapper iterator), and where their
+# errors go instead of a traceback on stderr: the watch reports them as one line while the epoch
+# runs. They can also fail after it ended (a failed epoch's workers are stopped while batches
+# are still in flight, so receiving one fails), when there is nothing left to report.
+_quiet_threads: weakref.WeakKeyDictionary[threading.Thread, dict] = weakref.WeakKeyDictionary()
+
+
+def _quiet_thread_errors() -> None:
+    """Route the errors of the threads in _quiet_threads to their Watched (installed once)."""
+    previous = threading.excepthook
+    if getattr(previous, "facebench_nodes", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        errors = _quiet_threads.get(args.thread) if args.thread is not None else None
+        if errors is None:
+            previous(args)
+            return
+        errors[args.thread] = args.exc_value
+        log.debug("torchdata.nodes thread %s failed: %r", args.thread.name, args.exc_value)
+
+    hook.facebench_nodes = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
+
+
 class Watched:
     """A nodes Loader whose ParallelMapper is watched while it is iterated.
 
@@ -159,33 +185,24 @@ class Watched:
         self.mapper = mapper
         self.loader_name = loader_name
         self._thread_errors: dict[threading.Thread, BaseException] = {}
+        _quiet_thread_errors()
 
     def __iter__(self) -> Iterator:
         stop = threading.Event()
-        previous_hook = threading.excepthook
-
-        def hook(args: threading.ExceptHookArgs) -> None:
-            mapper = self._mapper_iter()
-            if mapper is not None and args.thread is getattr(mapper, "_sort_thread", None):
-                # Reported by the watch as one line, not as a thread's traceback.
-                self._thread_errors[args.thread] = args.exc_value
-                log.debug("torchdata.nodes thread failed: %r", args.exc_value)
-            else:
-                previous_hook(args)
-
         watcher = threading.Thread(
             target=self._watch, args=(stop,), name="facebench-nodes-watch", daemon=True
         )
-        threading.excepthook = hook
         try:
             batches = iter(self.loader)
+            mapper = self._mapper_iter()
+            if mapper is not None:
+                _quiet_threads[mapper._sort_thread] = self._thread_errors
             watcher.start()
             yield from batches
         finally:
             stop.set()
             if watcher.is_alive():
                 watcher.join()
-            threading.excepthook = previous_hook
             self._drop_unsent()
 
     def _drop_unsent(self) -> None:
