@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
 import os
 import pickle
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -188,27 +189,48 @@ def test_shards_rebuilt_during_the_run_are_refused_in_one_line(
     assert "Traceback" not in str(raised.value) and "sha256" not in str(raised.value)
 
 
+# Holds a shard folder's build lock as another builder's process would, until its stdin closes.
+_HOLD_LOCK = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.lockf(fd, fcntl.LOCK_EX)
+os.pwrite(fd, f"{os.getpid()}\\n".encode(), 0)
+print("locked", flush=True)
+sys.stdin.read()
+os.ftruncate(fd, 0)  # a build that finished says so
+"""
+
+
 def test_a_build_that_waits_for_another_says_so(data_copy, tmp_path, caplog):
     folder = tmp_path / "shards"
     folder.mkdir()
-    with open(folder / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # as another process's build would hold it
-        lock.write("4242\n")
-        lock.flush()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_LOCK, str(folder / ".lock")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
         with caplog.at_level(logging.INFO):
             waiting = threading.Thread(
                 target=ensure_shards, args=(data_copy, folder, "raw"), kwargs={"shard_size": 50}
             )
             waiting.start()
             deadline = time.monotonic() + 30
-            while "waiting for process 4242" not in caplog.text:
+            while f"waiting for process {holder.pid}" not in caplog.text:
                 assert time.monotonic() < deadline, "no word while waiting for the lock"
                 time.sleep(0.05)
             assert str(folder) in caplog.text and waiting.is_alive()
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            holder.stdin.close()  # the other build is done
+            holder.wait(timeout=30)
             waiting.join(timeout=60)
+    finally:
+        holder.kill()
     assert not waiting.is_alive()
     assert Manifest.read(folder) is not None
+    # It ended cleanly (its lock file says nobody builds): no takeover is announced.
+    assert "taking over" not in caplog.text
 
 
 def test_raw_reads_the_shards_it_opened_even_if_they_are_rebuilt(

@@ -4,35 +4,35 @@ Building is idempotent: when the manifest matches the current source files and s
 shard is in place, nothing is done. An interrupted build never leaves a folder that looks
 complete, and the next build finishes it:
 
-1. the old manifest is removed first, and a plan (the fingerprints and the shard list) is written;
+1. a plan (the fingerprints, the shard list, and the files of the set it replaces) is written
+   first, then the old manifest is removed, then the old set's files;
 2. each shard and its index are written under temporary names and renamed; then a small record of
    the finished shard (its size and hashes) is written, also atomically;
 3. the manifest is written last, from those records.
 
-A build that finds a plan equal to its own reuses every shard whose record exists and whose file
-still has the recorded size; anything else is rewritten.
+A build that finds a plan equal to its own reuses every shard whose record exists and whose bytes
+still hash as recorded; anything else is rewritten. Only files facebench wrote are ever deleted
+or overwritten (facebench/shards/owned.py): the user's own files in the folder stay. One build
+per folder runs at a time (facebench/shards/lock.py).
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 from omegaconf import DictConfig
 
-from facebench.atomic import remove_staging, write_atomic
+from facebench.atomic import write_atomic
 from facebench.config import validate
 from facebench.data.check import Listing, list_usable, source_fingerprint
 from facebench.data.images import CELEBA_BOX
@@ -40,10 +40,12 @@ from facebench.data.sources import FACES, Layout, Record
 from facebench.data.transforms import ARTICLE
 from facebench.errors import ConfigError, ShardError
 from facebench.parallel import map_in_processes
-from facebench.paths import cache_dir, check_writable, data_layout, data_root, shards_root
+from facebench.paths import cache_dir, data_layout, data_root, shards_root
 from facebench.progress import progress
-from facebench.shards import litdata_format, pickle_format, raw_format, room, tar_format
+from facebench.shards import litdata_format, owned, pickle_format, raw_format, room, tar_format
+from facebench.shards.lock import building
 from facebench.shards.manifest import (
+    INDEX_SUFFIX,
     MANIFEST,
     Manifest,
     OutdatedManifest,
@@ -51,6 +53,7 @@ from facebench.shards.manifest import (
     encode_index,
     read_verified,
 )
+from facebench.shards.owned import DONE, Plan
 from facebench.tracking import write_results
 
 log = logging.getLogger(__name__)
@@ -62,10 +65,8 @@ FORMATS: dict[str, ModuleType] = {
     "litdata": litdata_format,
 }
 _SHARD_PREFIX = "shard-"
-_PLAN = ".plan.json"
-_DONE = ".done"
-_LOCK = ".lock"
-_WAIT_LOG_S = 30  # how often a build that waits for another says so
+# Where a whole-set format's library writes before its files are moved in: facebench's own.
+_STAGING = ".facebench-build"
 
 
 @dataclass(frozen=True)
@@ -105,47 +106,6 @@ def settings_for(
     return settings
 
 
-@contextmanager
-def _building(folder: Path) -> Iterator[None]:
-    """One builder per shard folder at a time (sweep jobs, prepare.py beside train.py, ranks):
-    the others wait here, saying so, then find the set up to date."""
-    check_writable(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / _LOCK, "a+") as lock:  # "a+": opening it changes nothing
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            _wait_for(lock, folder)
-        try:
-            lock.truncate(0)
-            lock.write(f"{os.getpid()}\n")  # who builds, for anyone who waits
-            lock.flush()
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def _wait_for(lock: IO[str], folder: Path) -> None:
-    lock.seek(0)
-    holder = lock.read().strip() or "another process"
-    waited = 0.0
-    while True:
-        if waited % _WAIT_LOG_S == 0:
-            log.info(
-                "waiting for %s building shards in %s to finish (%.0f s so far; lock file %s)",
-                f"process {holder}" if holder.isdigit() else holder,
-                folder,
-                waited,
-                folder / _LOCK,
-            )
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            time.sleep(1.0)
-            waited += 1.0
-
-
 def ensure_shards(
     root: Path,
     folder: Path,
@@ -163,7 +123,7 @@ def ensure_shards(
 
     `listing`: the data as a run already listed and checked it (else listed here, as `layout`
     says)."""
-    with _building(folder):
+    with building(folder):
         started = time.perf_counter()  # listing here, when it is done here, counts as prepare_s
         listing = listing or list_usable(root, on_bad_sample, cache or cache_dir(), n_procs, layout)
         settings = settings_for(
@@ -187,17 +147,16 @@ def _ensure_shards(
     existing = _up_to_date(folder, fingerprint, settings)
     if existing is not None:
         return ShardSet(folder, existing, False, time.perf_counter() - started, len(usable.skipped))
-    plan = _plan(
-        usable.records, settings["seed"], settings["shard_size"], module, fingerprint, settings
-    )
-    needed = _needed_bytes(folder, module, plan, usable.records)
+    cut = _cut(usable.records, settings["seed"], settings["shard_size"], module)
+    plan = Plan(fingerprint, settings, cut.names)
+    needed = _needed_bytes(folder, module, cut, usable.records, _resize(settings))
     if module.WHOLE_SET:
-        shards = _write_whole_set(folder, module, plan, usable.records, n_procs, cache, needed)
+        shards = _write_whole_set(folder, module, plan, cut, usable.records, n_procs, cache, needed)
     else:
-        room.check_room(folder, needed, room.bytes_in(folder, _SHARD_PREFIX))
-        done = _start_or_resume(folder, plan.as_json())
-        _write_missing(folder, shard_format, plan, done, usable.records, n_procs, needed)
-        shards = [done[name] for name in plan.names]
+        plan.files = [f for name in cut.names for f in (name, name + INDEX_SUFFIX)]
+        done = _start_or_resume(folder, plan, needed)
+        _write_missing(folder, shard_format, plan, cut, done, usable.records, n_procs, needed)
+        shards = [done[name] for name in cut.names]
     manifest = Manifest(
         format=shard_format,
         source_fingerprint=fingerprint,
@@ -209,11 +168,10 @@ def _ensure_shards(
         prepare_s=time.perf_counter() - started,
     )
     manifest.write(folder)
-    (folder / _PLAN).unlink(missing_ok=True)
-    shutil.rmtree(folder / _DONE, ignore_errors=True)
+    owned.finish(folder, plan)
     log.info(
         "wrote %d shards (%d samples, %s) to %s in %.1f s",
-        len(plan.names),
+        len(shards),
         manifest.n_samples,
         room.gb(sum(entry.bytes for entry in manifest.shards)),
         folder,
@@ -248,63 +206,78 @@ def _up_to_date(folder: Path, fingerprint: str, settings: dict[str, Any]) -> Man
 
 
 @dataclass(frozen=True)
-class _Plan:
+class _Cut:
     """Which samples go to which shard: one shuffle of all samples, cut into shard_size."""
 
-    fingerprint: str
-    settings: dict[str, Any]
     names: list[str]
     chunks: list[np.ndarray]
 
-    def as_json(self) -> dict[str, Any]:
-        return {"fingerprint": self.fingerprint, "settings": self.settings, "shards": self.names}
+    def order(self) -> np.ndarray:
+        """Every sample, in the shuffled order the shards hold them."""
+        return np.concatenate(self.chunks) if self.chunks else np.array([], dtype=np.int64)
 
 
-def _plan(
-    records: list[Record],
-    seed: int,
-    shard_size: int,
-    module: ModuleType,
-    fingerprint: str,
-    settings: dict[str, Any],
-) -> _Plan:
+def _cut(records: list[Record], seed: int, shard_size: int, module: ModuleType) -> _Cut:
     order = np.random.default_rng(seed).permutation(len(records))
     chunks = [order[start : start + shard_size] for start in range(0, len(records), shard_size)]
     names = [f"{_SHARD_PREFIX}{index:05d}{module.SUFFIX}" for index in range(len(chunks))]
-    return _Plan(fingerprint, settings, names, chunks)
+    return _Cut(names, chunks)
 
 
-def _needed_bytes(folder: Path, module: ModuleType, plan: _Plan, records: list[Record]) -> int:
-    sizes = [len(chunk) for chunk in plan.chunks]
-    shard_bytes = module.estimate_bytes(sizes, records, _resize(plan.settings))
+def _needed_bytes(
+    folder: Path, module: ModuleType, cut: _Cut, records: list[Record], resize: int
+) -> int:
+    sizes = [len(chunk) for chunk in cut.chunks]
+    shard_bytes = module.estimate_bytes(sizes, records, resize)
     return room.set_bytes(shard_bytes, len(records), room.block_size(folder))
+
+
+def _start_or_resume(folder: Path, plan: Plan, needed: int) -> dict[str, ShardEntry]:
+    """Shards already finished under this very plan; otherwise the files of the set it replaces
+    (facebench's own, and nothing else) removed, and its plan written first."""
+    previous = Plan.read(folder)
+    if plan.same_build(previous):
+        plan.replaces = previous.replaces
+        (folder / MANIFEST).unlink(missing_ok=True)  # a kill may have come just before
+        owned.remove(folder, set(plan.replaces) - set(plan.files))
+        owned.remove_staging(folder, set(plan.files))  # from writers that were killed
+        room.check_room(folder, needed, owned.bytes_of(folder, set(plan.files)))
+        done = _finished_shards(folder, plan)
+        if done:
+            log.info("%s: resuming an interrupted build; %d shards already done", folder, len(done))
+        return done
+    ours = owned.owned(folder, previous)
+    owned.refuse_in_the_way(folder, owned.in_the_way(folder, plan.files, ours))
+    room.check_room(folder, needed, owned.bytes_of(folder, ours))
+    plan.replaces = sorted(ours)
+    plan.write(folder)  # first: from here on every file of facebench's is named in it
+    # The folder is not a shard set until the new manifest is written.
+    (folder / MANIFEST).unlink(missing_ok=True)
+    owned.remove(folder, ours)
+    return {}
 
 
 def _write_missing(
     folder: Path,
     shard_format: str,
-    plan: _Plan,
+    plan: Plan,
+    cut: _Cut,
     done: dict[str, ShardEntry],
     records: list[Record],
     n_procs: int,
     needed: int,
 ) -> None:
     """Write the shards not done yet (in processes), adding each to `done` as it is finished."""
+    resize = _resize(plan.settings)
     tasks = [
-        (
-            shard_format,
-            str(folder),
-            name,
-            [(int(i), records[i]) for i in chunk],
-            _resize(plan.settings),
-        )
-        for name, chunk in zip(plan.names, plan.chunks, strict=True)
+        (shard_format, str(folder), name, [(int(i), records[i]) for i in chunk], resize)
+        for name, chunk in zip(cut.names, cut.chunks, strict=True)
         if name not in done
     ]
     log.info(
         "writing %d samples into %d %s shards in %s (%d to write, %d processes)",
         len(records),
-        len(plan.names),
+        len(cut.names),
         shard_format,
         folder,
         len(tasks),
@@ -318,68 +291,70 @@ def _write_missing(
         if error.errno not in room.DISK_FULL:
             raise
         # Other writers may have been stopped half way: nothing of theirs stays to fill the disk.
-        remove_staging(folder)
-        remove_staging(folder / _DONE)
-        raise room.disk_full(folder, needed, len(done), len(plan.names)) from None
+        owned.remove_staging(folder, set(plan.files))
+        raise room.disk_full(folder, needed, len(done), len(cut.names)) from None
 
 
 def _write_whole_set(
     folder: Path,
     module: ModuleType,
-    plan: _Plan,
+    plan: Plan,
+    cut: _Cut,
     records: list[Record],
     n_procs: int,
     cache: Path | None,
     needed: int,
 ) -> list[ShardEntry]:
-    """A format written in one go by its own library (litdata): the folder emptied of an older
-    set first, then every sample in the plan's shuffled order."""
-    existing = sum(p.stat().st_size for p in folder.iterdir() if p.is_file() and p.name != _LOCK)
-    room.check_room(folder, needed, existing)
+    """A format written in one go by its own library (litdata), in the plan's shuffled order,
+    into a staging folder; then the older set's files (facebench's, named in its manifest or
+    plan) make way for the new ones, which are moved in. Nothing else in the folder is touched.
+    """
+    previous = Plan.read(folder)
+    ours = owned.owned(folder, previous)
+    # Names the library may choose, checked now rather than after a long build.
+    owned.refuse_in_the_way(
+        folder,
+        [
+            name
+            for name in sorted(os.listdir(folder))
+            if module.writes(name) and name not in ours and not (folder / name).is_dir()
+        ],
+    )
+    room.check_room(folder, needed, owned.bytes_of(folder, ours))
+    plan.replaces = sorted(ours)
+    plan.write(folder)
     (folder / MANIFEST).unlink(missing_ok=True)  # not a shard set until the new manifest
-    for path in folder.iterdir():
-        if path.name != _LOCK:
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
-    order = np.concatenate(plan.chunks) if plan.chunks else np.array([], dtype=np.int64)
-    samples = [(int(i), records[i]) for i in order]
+    staging = folder / _STAGING
+    shutil.rmtree(staging, ignore_errors=True)  # a killed build's
+    staging.mkdir()
+    samples = [(int(i), records[i]) for i in cut.order()]
     log.info("writing %d samples with %s into %s", len(samples), module.__name__, folder)
     try:
-        return module.write_set(
-            samples, folder, n_procs, cache or cache_dir(), _resize(plan.settings)
+        entries = module.write_set(
+            samples, staging, n_procs, cache or cache_dir(), _resize(plan.settings)
         )
+        names = sorted(path.name for path in staging.iterdir())
+        owned.refuse_in_the_way(folder, owned.in_the_way(folder, names, ours))
+        plan.files = names
+        plan.write(folder)  # before the move: a kill half way leaves them named as facebench's
+        owned.remove(folder, ours - set(names))
+        for name in names:
+            os.replace(staging / name, folder / name)
     except OSError as error:
         if error.errno in room.DISK_FULL:
             raise room.disk_full(folder, needed, 0, 1) from None
         raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return entries
 
 
-def _start_or_resume(folder: Path, plan: dict[str, Any]) -> dict[str, ShardEntry]:
-    """Shards already finished under this very plan; otherwise a clean folder and a new plan."""
-    check_writable(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    # From here on the folder is not a shard set until the new manifest is written.
-    (folder / MANIFEST).unlink(missing_ok=True)
-    plan_path = folder / _PLAN
-    try:
-        previous = json.loads(plan_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        previous = None
-    if previous == plan:
-        remove_staging(folder)  # from writers that were killed
-        done = _finished_shards(folder)
-        if done:
-            log.info("%s: resuming an interrupted build; %d shards already done", folder, len(done))
-        return done
-    _remove_shards(folder)
-    shutil.rmtree(folder / _DONE, ignore_errors=True)
-    write_atomic(plan_path, json.dumps(plan).encode())
-    return {}
-
-
-def _finished_shards(folder: Path) -> dict[str, ShardEntry]:
-    """The shards an interrupted build recorded as finished, whose bytes still match."""
+def _finished_shards(folder: Path, plan: Plan) -> dict[str, ShardEntry]:
+    """The shards an interrupted build of this plan recorded as finished, whose bytes still
+    match."""
     done = {}
-    for record in (folder / _DONE).glob("*.json"):
+    for name in plan.shards:
+        record = folder / DONE / f"{name}.json"
         try:
             entry = ShardEntry(**json.loads(record.read_text(encoding="utf-8")))
         except (OSError, ValueError, TypeError):
@@ -411,17 +386,10 @@ def _write_shard(task: tuple[str, str, str, list[tuple[int, Record]], int]) -> S
     )
     write_atomic(Path(folder) / entry.index_name, index)
     write_atomic(Path(folder) / name, data)
-    done = Path(folder) / _DONE
+    done = Path(folder) / DONE
     done.mkdir(exist_ok=True)
     write_atomic(done / f"{name}.json", entry.to_json().encode())
     return entry
-
-
-def _remove_shards(folder: Path) -> None:
-    """Delete shard files (finished or half-written) of an earlier build; nothing else."""
-    for path in folder.iterdir():
-        if path.name.startswith((_SHARD_PREFIX, f".{_SHARD_PREFIX}")) and path.is_file():
-            path.unlink()
 
 
 def run_prepare(

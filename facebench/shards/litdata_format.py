@@ -46,6 +46,11 @@ CHUNK_BYTES = "64MB"
 _ITEM_HEADER_BYTES = 64  # litdata's per-item header, id and label
 
 
+def writes(name: str) -> bool:
+    """Whether litdata.optimize may write a file of this name: its index and chunk files."""
+    return name == INDEX or (name.startswith("chunk-") and name.endswith(SUFFIX))
+
+
 def estimate_bytes(sizes: list[int], records: list[Record], resize: int) -> list[float]:
     """The set's bytes: fixed-size items, whatever the chunking."""
     return [float(sum(sizes) * (resize * resize * 3 + _ITEM_HEADER_BYTES))]
@@ -78,8 +83,9 @@ class Items:
 def write_set(
     samples: list[tuple[int, Record]], folder: Path, n_procs: int, cache: Path, resize: int
 ) -> list:
-    """Write every sample (in this order) with litdata.optimize into folder; its chunks, as
-    manifest entries (index_sha256 empty: the labels travel in the items)."""
+    """Write every sample (in this order) with litdata.optimize into folder, a staging folder of
+    facebench's own (optimize may empty it); its chunks, as manifest entries (index_sha256
+    empty: the labels travel in the items)."""
     import litdata
 
     staging = cache / "litdata-staging" / str(os.getpid())

@@ -77,7 +77,9 @@ class Manifest:
             return cls(**raw)
         except (ValueError, TypeError, KeyError, AttributeError) as error:
             raise ShardError(
-                f"{path}: not a facebench manifest ({error}); delete the folder and run prepare.py"
+                f"{path}: not a facebench manifest ({error}), and facebench writes its own there. "
+                "Move that file away (a damaged manifest only makes the set be rebuilt), or set "
+                "shards_dir=/another/folder"
             ) from None
 
     def digest(self) -> str:
