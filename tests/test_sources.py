@@ -110,3 +110,17 @@ def test_a_label_file_that_is_not_text_is_named(tree_factory):
     (root / "CelebA" / "identity_CelebA.txt").write_bytes(b"000001.jpg 1\n\xff\xfe\x00garbage")
     with pytest.raises(DataError, match="identity_CelebA.txt: not UTF-8 text"):
         celeba_identities(root)
+
+
+def test_an_identity_or_folder_number_far_above_the_data_is_named(tree_factory):
+    # Classes are counted up to the largest identity and folder: these would count a billion.
+    root = tree_factory(
+        celeba={"000001.jpg": 3, "000002.jpg": 1},
+        digiface={0: 1},
+        label_text="000001.jpg 3\n\n000002.jpg 999999999\n",
+    )
+    with pytest.raises(DataError, match=r"identity_CelebA.txt:3: identity 999999999 is too large"):
+        read_records(root)
+    root = tree_factory(celeba={"000001.jpg": 3}, digiface={0: 1, 999999999: 1})
+    with pytest.raises(DataError, match=r"DigiFace1M/999999999: DigiFace1M folder 999999999 is"):
+        read_records(root)

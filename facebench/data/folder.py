@@ -21,7 +21,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from facebench.data.records import LabelSpace, Record
+from facebench.data.records import LabelSpace, Record, check_label
 from facebench.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,9 @@ def csv_records(root: Path, labels_file: str) -> tuple[list[Record], LabelSpace]
     texts = [label for _, label, _ in rows]
     if all(_is_integer(text) for text in texts):
         numbers = [int(text) for text in texts]
-        classes = tuple(str(number) for number in range(max(numbers) + 1))
+        largest = max(range(len(rows)), key=numbers.__getitem__)
+        check_label(numbers[largest], len(rows), f"{path}:{rows[largest][2]}")
+        classes = tuple(str(number) for number in range(numbers[largest] + 1))
         indices = numbers
     else:
         classes = tuple(sorted(set(texts)))

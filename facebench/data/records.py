@@ -5,6 +5,32 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from facebench.errors import DataError
+
+# A model gets one output per class index up to the largest label, and the class map one entry:
+# a label far above the number of samples (a typo, an id column) would size both by its value
+# (one CSV row with 999999999 grew a run to 14 GB). Labels below this, or below the number of
+# samples when that is larger, are accepted.
+LABEL_BOUND = 100_000
+
+
+def check_label(
+    value: int,
+    n_samples: int,
+    where: str,
+    what: str = "label",
+    first: int = 0,
+    fix: str = "Number the classes from 0, or give them names",
+) -> None:
+    """Refuse a class number so large that the classes would be counted by its value; `first`
+    is the number of the first class (CelebA's identities start at 1)."""
+    bound = max(n_samples, LABEL_BOUND)
+    if value - first >= bound:
+        raise DataError(
+            f"{where}: {what} {value} is too large: classes are counted up to the largest one, "
+            f"and {n_samples:,} samples allow at most {bound - 1 + first:,}. {fix}"
+        )
+
 
 class Record(NamedTuple):
     """One sample: where its file is, its class, and which source it comes from."""

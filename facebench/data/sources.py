@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from facebench.data.records import LabelSpace, Record
+from facebench.data.records import LabelSpace, Record, check_label
 from facebench.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,9 @@ def celeba_identities(root: str | os.PathLike) -> list[tuple[str, int]]:
         entries.append((name, identity))
     if not entries:
         raise DataError(f"{labels_path}: no labelled images; is this the right file?")
+    name, identity = max(entries, key=lambda entry: entry[1])
+    where = f"{labels_path}:{seen[name]}"
+    check_label(identity, len(entries), where, "identity", 1, "Number the identities from 1")
     return entries
 
 
@@ -134,10 +137,14 @@ def list_digiface(root: str | os.PathLike) -> DigiFaceListing:
 
 
 def _label_space(identities: list[tuple[str, int]], root: str | os.PathLike) -> LabelSpace:
-    numbers = [number for number, _ in _digiface_folders(root)]
+    folders = _digiface_folders(root)
+    if folders:
+        number, folder = folders[-1]
+        fix = "Number the identity folders from 0"
+        check_label(number, len(identities) + len(folders), folder, "DigiFace1M folder", 0, fix)
     return LabelSpace(
         n_celeba=max(identity for _, identity in identities),
-        n_digiface=numbers[-1] + 1 if numbers else 0,
+        n_digiface=folders[-1][0] + 1 if folders else 0,
     )
 
 
