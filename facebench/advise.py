@@ -53,6 +53,7 @@ OWN_KEYS = {"budget_s": 300.0, "sample_images": 20_000, "loaders": "", "workers"
 ENOUGH = 1.1  # a loader keeps the device fed when it outruns the ceiling by this much
 _CEILING_SHARE = 0.15  # of the budget, at most, for the compute ceiling
 _RUN_S = (2.0, 15.0)  # shortest and longest measurement of one loader at one worker count
+_LOADER_MIN_S = 10.0  # what one loader needs at least: shards for a sample, a few short runs
 
 
 @dataclass
@@ -109,8 +110,6 @@ def worker_counts(requested: str) -> list[int]:
 def measure_ceiling(base: list[str], job: Job, data: Data, budget_s: float) -> float:
     """The model's training rate on one batch made once on the device: nothing to wait for."""
     cfg = compose_run([*base, "loader=synthetic"])
-    if cfg.model == "none":
-        raise ConfigError("advise compares loaders with a model's pace: give model=resnet50 or so")
     spec = loaders.get("synthetic")
     ctx = loaders.context(cfg, spec, data.root, data.records, data.labels, job.device)
     settings = EpochSettings(
@@ -195,6 +194,7 @@ class Advice:
     seconds: float
     budget_s: float
     counts: list[int] = field(default_factory=lambda: [1])
+    ceiling_s: float = 0.0  # time spent measuring the ceiling
 
     def ordered(self) -> list[Measured]:
         """Loaders that keep the device fed first (fewest workers, then fastest), then the rest."""
@@ -230,6 +230,8 @@ class Advice:
         return rows
 
     def verdict(self) -> str:
+        if not any(m.rates for m in self.measured):
+            return self.nothing_measured()
         fed = [(m.fewest_feeding(self.ceiling), -m.best()[1], m.name) for m in self.measured]
         fed = sorted(f for f in fed if f[0] is not None)
         if not fed:
@@ -250,6 +252,21 @@ class Advice:
             f"Use loader={name} n_workers={workers}: it keeps {self.model} on {self.device} "
             f"fed ({self.ceiling:,.0f} images/s), one epoch of {self.n_images:,} images in "
             f"about {epoch:,.0f} s.{also}"
+        )
+
+    def nothing_measured(self) -> str:
+        """What to change when the budget ran out before any loader was measured."""
+        enough = self.ceiling_s + len(self.measured) * _LOADER_MIN_S
+        smaller = (
+            "a smaller batch_size"
+            if self.model == "resnet18"
+            else "model=resnet18 (amp=off on a CPU)"
+        )
+        return (
+            f"Nothing was measured: budget_s={self.budget_s:,.0f} ran out after "
+            f"{self.ceiling_s:,.0f} s on the compute ceiling ({self.model} at "
+            f"{self.ceiling:,.1f} images/s), before any loader. Raise budget_s to about "
+            f"{enough:,.0f} or more, or measure against {smaller}."
         )
 
     def markdown(self) -> str:
@@ -320,6 +337,11 @@ def advise(argv: list[str]) -> Advice:
     counts = worker_counts(own["workers"])
     overrides.append(f"n_workers={max(counts)}")  # what the resource check looks at
     cfg = compose_run(overrides)
+    if cfg.model == "none":
+        raise ConfigError(
+            "model=none: advise finds the loaders that keep a model fed, so it needs one: "
+            "model=resnet50 (the article's) on a GPU, or model=resnet18 amp=off on a CPU"
+        )
     deadline = started + own["budget_s"]
     job = Job.start(cfg)
     full = prepare_data(cfg, job.world)
@@ -336,7 +358,9 @@ def advise(argv: list[str]) -> Advice:
     if root != full.root:
         base += _sample_data(root, layout)
     data = prepare_data(compose_run(base), job.world) if root != full.root else full
+    ceiling_started = time.perf_counter()
     ceiling = measure_ceiling(base, job, data, own["budget_s"])
+    ceiling_s = time.perf_counter() - ceiling_started
     log.info("compute ceiling: %s trains at %.0f images/s on %s", cfg.model, ceiling, job.device)
     names = (
         own["loaders"].split(",")
@@ -365,6 +389,7 @@ def advise(argv: list[str]) -> Advice:
         measured=measured,
         seconds=time.perf_counter() - started,
         budget_s=own["budget_s"],
+        ceiling_s=ceiling_s,
     )
 
 
@@ -373,7 +398,8 @@ def record(advice: Advice, tracking: bool, out: Path | None = None) -> Path:
     out = out or PROJECT_ROOT / "outputs" / "advise" / stamp
     out.mkdir(parents=True, exist_ok=True)
     (out / "advice.md").write_text(advice.markdown(), encoding="utf-8")
-    chart(advice, out / "advice.png")
+    if any(m.rates for m in advice.measured):
+        chart(advice, out / "advice.png")
     tracker = Tracker(enabled=tracking, experiment=REPORTS_EXPERIMENT)
     params = {"model": advice.model, "device": advice.device, "n_images": advice.n_images}
     with tracker.run(

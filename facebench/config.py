@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import re
 from dataclasses import dataclass
 from enum import StrEnum
@@ -235,6 +236,8 @@ def _transform_problems(transform: DictConfig | None) -> list[str]:
         values = list(transform[key])
         if len(values) != 3:
             problems.append(f"transform.{key}={values}: give one value per channel (R, G, B)")
+        elif not all(math.isfinite(value) for value in values):
+            problems.append(f"transform.{key}={values}: every value must be a finite number")
     if any(value <= 0 for value in transform.std):
         problems.append(f"transform.std={list(transform.std)}: every value must be above 0")
     return problems

@@ -14,12 +14,13 @@ import json
 import logging
 import os
 import subprocess
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from facebench import mlflow_views as views
 from facebench.errors import TrackingError
@@ -60,6 +61,37 @@ def check_server(uri: str) -> None:
             f"MLflow server {uri} does not answer ({reason}). Start it (mlflow server), fix "
             "MLFLOW_TRACKING_URI, or run with tracking=false"
         ) from None
+
+
+def check_writable_store(uri: str) -> None:
+    """A SQLite store's folder must take a new file and its database must open for writing:
+    checked at once, where MLflow would retry a store it cannot write for about two minutes (a
+    read-only mount, /proc)."""
+    if not uri.startswith("sqlite:///"):
+        return
+    database = Path(uri.removeprefix("sqlite:///"))
+    try:
+        database.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        _unwritable(uri, f"its folder {database.parent} cannot be made: {error.strerror}")
+    try:
+        with tempfile.NamedTemporaryFile(dir=database.parent, prefix=".facebench-probe-"):
+            pass
+    except OSError as error:
+        _unwritable(uri, f"no new file can be made in {database.parent}: {error.strerror}")
+    if database.exists():
+        try:
+            with open(database, "r+b"):
+                pass
+        except OSError as error:
+            _unwritable(uri, f"{database} does not open for writing: {error.strerror}")
+
+
+def _unwritable(uri: str, why: str) -> NoReturn:
+    raise TrackingError(
+        f"MLflow store {uri} cannot be written ({why}). Set "
+        "MLFLOW_TRACKING_URI=sqlite:////a/writable/folder/mlflow.db, or run with tracking=false"
+    ) from None
 
 
 def artifact_root(uri: str) -> str | None:
@@ -138,6 +170,7 @@ class Tracker:
 
         uri = tracking_uri()
         check_server(uri)
+        check_writable_store(uri)
         try:
             with _store_lock(uri):
                 mlflow.set_tracking_uri(uri)

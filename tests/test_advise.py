@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from facebench.advise import Advice, Measured, shortfall, worker_counts
+from facebench.advise import Advice, Measured, advise, shortfall, worker_counts
+from facebench.errors import ConfigError
 from facebench.paths import PROJECT_ROOT
 
 
@@ -55,6 +56,34 @@ def test_worker_counts_double_up_to_the_cores(monkeypatch):
     monkeypatch.setattr("facebench.advise.usable_cores", lambda: 16)
     assert worker_counts("") == [1, 2, 4, 8, 16]
     assert worker_counts("3,1") == [1, 3]
+
+
+def _cheap(cache, *overrides: str) -> list[str]:
+    return [
+        f"data.cache_dir={cache}",
+        "data.n_images=120",
+        "device=cpu",
+        "tracking=false",
+        "batch_size=8",
+        *overrides,
+    ]
+
+
+def test_a_budget_too_small_to_measure_any_loader_says_what_to_raise(cache, synthetic_root):
+    advice = advise(_cheap(cache, "model=resnet18", "amp=off", "budget_s=1"))
+    text = advice.markdown()
+    assert "Nothing was measured: budget_s=1 ran out" in text
+    assert "Raise budget_s to about" in text and "a smaller batch_size" in text
+    # No loader is advised or blamed on the strength of nothing.
+    assert "Use loader=" not in text and "closest is" not in text
+
+
+def test_advise_without_a_model_says_so_and_names_no_loader(cache):
+    with pytest.raises(ConfigError) as raised:
+        advise(_cheap(cache, "model=none", "budget_s=5"))
+    message = str(raised.value)
+    assert message.startswith("model=none: advise finds the loaders that keep a model fed")
+    assert "loader=" not in message  # the user chose none (it once blamed loader=synthetic)
 
 
 @pytest.mark.slow

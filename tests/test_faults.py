@@ -157,8 +157,42 @@ def test_an_unusable_tracking_store_is_reported_before_any_work(tmp_path, cache,
     )
     output = result.stdout + result.stderr
     assert result.returncode == 1
-    assert "cannot be used" in output and "tracking=false" in output
+    assert "cannot be written (its folder" in output and "tracking=false" in output
     assert "epoch 0" not in output  # detected before the epoch started
+
+
+def _read_only_folder(folder: Path) -> bool:
+    """Make folder read-only: by its mode, or (for root, whom modes do not stop) by mounting an
+    empty read-only file system on it."""
+    folder.mkdir()
+    folder.chmod(0o555)
+    if not os.access(folder, os.W_OK):
+        return True
+    mount = ["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(folder)]
+    return subprocess.run(mount, capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("where", ["/proc", "read-only"])
+def test_a_store_that_cannot_be_written_is_reported_within_seconds(tmp_path, monkeypatch, where):
+    # MLflow retried such a store for about two minutes before it said anything.
+    from facebench.errors import TrackingError
+    from facebench.tracking import Tracker
+
+    folder = Path("/proc") if where == "/proc" else tmp_path / "store"
+    if where == "read-only" and not _read_only_folder(folder):
+        pytest.skip("no read-only folder can be made here")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{folder}/mlflow.db")
+    started = time.monotonic()
+    try:
+        with (
+            pytest.raises(TrackingError, match="cannot be written.*tracking=false"),
+            Tracker().run("probe", {}, {}),
+        ):
+            pass
+    finally:
+        if where == "read-only":
+            subprocess.run(["umount", str(folder)], capture_output=True)
+    assert time.monotonic() - started < 10
 
 
 def test_an_unreachable_tracking_server_fails_within_seconds(tmp_path, cache, isolated_env):

@@ -71,11 +71,14 @@ def test_a_labels_csv_gives_integer_or_named_classes(tmp_path):
         ("x/1.png,a\n../outside.png,b\n", "labels.csv:2: ../outside.png is not inside"),
         ("x/1.png,a\nx/1.png,b\n", "labels.csv:2: x/1.png is listed again (first on line 1)"),
         ("x/1.png,-1\n", "labels.csv:1: label -1 must be 0 or more"),
+        # Classes are counted up to the largest label: this one would count a billion.
+        ("x/1.png,3\nx/2.png,999999999\n", "labels.csv:2: label 999999999 is too large"),
         ("path,label\n", "no 'path,label' rows"),
     ],
 )
 def test_a_bad_labels_csv_is_named_with_its_line(tmp_path, text, says):
     _image(tmp_path / "x" / "1.png")
+    _image(tmp_path / "x" / "2.png")
     (tmp_path / "labels.csv").write_text(text)
     with pytest.raises(DataError) as error:
         csv_records(tmp_path, "labels.csv")
@@ -206,6 +209,8 @@ def test_raw_shards_follow_transform_resize(make_cfg, tmp_path, folder_root):
         ("transform.crop=120", "transform.crop=120: must be from 1 to transform.resize (112)"),
         ("transform.mean=[0.5]", "transform.mean=[0.5]: give one value per channel"),
         ("transform.std=[0.2,0,0.2]", "every value must be above 0"),
+        ("transform.std=[nan,1,1]", "transform.std=[nan, 1.0, 1.0]: every value must be a finite"),
+        ("transform.mean=[0.5,inf,0.5]", "every value must be a finite number"),
     ],
 )
 def test_a_bad_geometry_is_named(make_cfg, override, says):
