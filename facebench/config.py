@@ -32,7 +32,8 @@ class Model(StrEnum):
 
 
 class Amp(StrEnum):
-    auto = "auto"  # fp16 with GradScaler on CUDA (the article's), bf16 autocast on CPU
+    # fp16 + GradScaler on CUDA (the article's); bf16 on a CPU that has it natively, else fp32
+    auto = "auto"
     fp16 = "fp16"
     bf16 = "bf16"
     off = "off"  # fp32

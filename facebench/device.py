@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import platform
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -12,6 +13,8 @@ import torch
 from facebench.config import Amp, choice
 from facebench.errors import ConfigError
 from facebench.resources import usable_cores
+
+log = logging.getLogger(__name__)
 
 
 def resolve_device(requested: str, local_rank: int = 0, distributed: bool = False) -> torch.device:
@@ -95,15 +98,52 @@ class Precision:
     name: str  # fp16 | bf16 | fp32
     dtype: torch.dtype | None
     scale_loss: bool
+    reason: str = ""  # why this precision, for the log and the run's params
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.reason})" if self.reason else self.name
+
+
+FP16 = Precision("fp16", torch.float16, scale_loss=True)
+BF16 = Precision("bf16", torch.bfloat16, scale_loss=False)
+FP32 = Precision("fp32", None, scale_loss=False)
+
+
+def native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 in hardware (AVX512-BF16 or AMX) and oneDNN uses it.
+
+    Elsewhere (AVX2 machines, most cloud CPUs before 2023) bf16 autocast is emulated: measured on
+    one, a ResNet-50 training step ran about 15 times slower in bf16 than in fp32. Both checks are
+    private to torch; a torch without them is taken to have no native bfloat16.
+    """
+    try:
+        hardware = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+        return bool(hardware and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def resolve_precision(mode: str, device: torch.device) -> Precision:
-    """auto: fp16 with GradScaler on CUDA (as the article), bf16 on CPU (fp16 there is slow)."""
+    """auto: fp16 with GradScaler on CUDA (as the article), bf16 on a CPU that computes it
+    natively, fp32 on any other CPU. An explicit mode is obeyed, with a warning where bf16 would
+    be emulated."""
     mode = choice(Amp, mode, "amp")
+    cpu = device.type == "cpu"
+    native = native_bf16() if cpu else True
     if mode == Amp.auto:
-        mode = Amp.fp16 if device.type == "cuda" else Amp.bf16
-    if mode == Amp.fp16:
-        return Precision("fp16", torch.float16, scale_loss=True)
-    if mode == Amp.bf16:
-        return Precision("bf16", torch.bfloat16, scale_loss=False)
-    return Precision("fp32", None, scale_loss=False)
+        if not cpu:
+            return replace(FP16, reason=f"amp=auto on {device.type}: fp16 with GradScaler")
+        if native:
+            return replace(BF16, reason="amp=auto: this CPU computes bfloat16 natively")
+        return replace(
+            FP32,
+            reason="amp=auto: this CPU has no native bfloat16, which would be emulated about 10x "
+            "slower; amp=bf16 forces it",
+        )
+    if mode == Amp.bf16 and cpu and not native:
+        log.warning(
+            "amp=bf16 on a CPU without native bfloat16: emulated, about 10x slower than amp=off"
+        )
+        return replace(BF16, reason="amp=bf16, emulated on this CPU")
+    chosen = {Amp.fp16: FP16, Amp.bf16: BF16, Amp.off: FP32}[mode]
+    return replace(chosen, reason=f"amp={mode.value}")

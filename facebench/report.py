@@ -42,7 +42,7 @@ GROUP_PARAMS = (
     "data.root",
     "data.n_images",
     "model",
-    "amp",
+    "amp_resolved",
     "batch_size",
     "cache",
     "host_only",

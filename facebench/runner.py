@@ -90,7 +90,8 @@ class Job:
             loader=cfg.loader.name,
             data=cfg.data.name,
             model=cfg.model,
-            amp=self.precision.name,
+            amp_resolved=self.precision.name,  # `amp` is what was asked (auto, say)
+            amp_reason=self.precision.reason,
             device_type=self.device.type,
             world_size=self.world.world_size,
         )
@@ -116,6 +117,8 @@ def run_training(
     """Run the configured epochs `repeat` times; return the last epoch's metrics and summaries."""
     validate(cfg)
     job = Job.start(cfg)
+    if cfg.model != "none" and job.world.is_main:
+        log.info("precision: %s on %s", job.precision.describe(), job.device)
     # Only rank 0 records anything; the other ranks train and report their metrics to it.
     tracker = Tracker(enabled=cfg.tracking and job.world.is_main)
     output_dir = output_dir if job.world.is_main else None

@@ -58,7 +58,8 @@ def test_one_run_is_recorded_with_metrics_params_and_tags(tmp_path, cache, isola
     assert metrics["loss_first"] > 0
     params = run.data.params
     assert params["loader"] == "dataset" and params["n_workers"] == "1"
-    assert params["batch_size"] == "16" and params["amp"] == "fp32"
+    assert params["batch_size"] == "16" and params["amp"] == "off"
+    assert params["amp_resolved"] == "fp32" and params["amp_reason"] == "amp=off"
     assert params["data.n_images"] == "120" and params["device_type"] == "cpu"
     assert "" not in params.values() and "data.root" not in params  # no empty params
     tags = run.data.tags
