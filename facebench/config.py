@@ -250,15 +250,31 @@ def validate(cfg: DictConfig) -> None:
         f"{key}: no such key (check its spelling; `python train.py --cfg job` lists them all)"
         for key in unknown_keys(cfg)
     ]
+    problems += _range_problems(cfg)
+    problems += _transform_problems(cfg.get("transform"))
+    problems += _mode_problems(cfg)
+    problems += _data_problems(cfg.data)
+    if problems:
+        raise ConfigError("invalid config: " + "; ".join(problems))
 
-    def positive(key: str) -> None:
+
+_AT_LEAST_ONE = (
+    "batch_size",
+    "epochs",
+    "repeat",
+    "shard_size",
+    "loader.prefetch_factor",
+    "loader.shuffle_buffer",
+)
+
+
+def _range_problems(cfg: DictConfig) -> list[str]:
+    """Numbers outside what their key allows."""
+    problems = []
+    for key in _AT_LEAST_ONE:
         value = OmegaConf.select(cfg, key)
         if value is not None and value < 1:
             problems.append(f"{key}={value}: must be at least 1")
-
-    for key in ("batch_size", "epochs", "repeat", "shard_size", "loader.prefetch_factor"):
-        positive(key)
-    problems += _transform_problems(cfg.get("transform"))
     for key in ("n_workers", "max_batches"):
         value = OmegaConf.select(cfg, key)
         if value is not None and value < 0:
@@ -270,10 +286,15 @@ def validate(cfg: DictConfig) -> None:
     device = OmegaConf.select(cfg, "device")
     if device is not None and not _DEVICE.match(device):
         problems.append(f"device={device}: use auto, cpu, cuda or cuda:N")
-    positive("loader.shuffle_buffer")
     sample_hz = OmegaConf.select(cfg, "sample_hz")
     if sample_hz is not None and not 0 <= sample_hz <= 100:
         problems.append(f"sample_hz={sample_hz}: use 0 (off) to 100")
+    return problems
+
+
+def _mode_problems(cfg: DictConfig) -> list[str]:
+    """Choices that contradict each other."""
+    problems = []
     if OmegaConf.select(cfg, "loader.name") == "synthetic" and cfg.model == "none":
         problems.append(
             "loader=synthetic with model=none measures nothing: it hands the same batch, already "
@@ -283,7 +304,12 @@ def validate(cfg: DictConfig) -> None:
         problems.append(
             f"host_only=true measures the loader alone; it needs model=none (not model={cfg.model})"
         )
-    data = cfg.data
+    return problems
+
+
+def _data_problems(data: DictConfig) -> list[str]:
+    """A data config that cannot be read as it stands."""
+    problems = []
     if data.name == "synthetic" and data.n_images < 1:
         problems.append(f"data.n_images={data.n_images}: the synthetic set needs at least 1 image")
     if data.name == "synthetic" and data.root:
@@ -305,5 +331,4 @@ def validate(cfg: DictConfig) -> None:
             f"data.labels={data.labels}: a labels CSV is read with data=folder (layout=folder); "
             "CelebA's labels come from identity_CelebA.txt"
         )
-    if problems:
-        raise ConfigError("invalid config: " + "; ".join(problems))
+    return problems

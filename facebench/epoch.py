@@ -17,7 +17,7 @@ import torch
 
 from facebench.data.transforms import ARTICLE, Geometry
 from facebench.finish import Finisher, Ready, finished_ahead_on_cpu
-from facebench.loader_failures import explain, quiet_sigchld, restore_sigchld
+from facebench.loader_failures import WorkerDeaths, explain, quiet_sigchld, restore_sigchld
 from facebench.loaders.base import Batch
 from facebench.meter import DeviceBusy, EpochMeter, EpochTimes
 from facebench.order import batch_label_diversity, order_corr
@@ -84,27 +84,28 @@ def run_epoch(
 
     The clock starts before the loader is built, so worker start-up counts, as in the article.
     """
-    # A dead worker can surface anywhere in the loop, even in its clean-up (torch's SIGCHLD
-    # handler raises wherever the main thread is): the whole epoch is inside the translation.
-    try:
-        return _timed_epoch(build_loader, trainer, settings)
-    except BaseException as error:
-        failure = explain(error, settings.loader_name) if isinstance(error, Exception) else None
-        previous = quiet_sigchld() if failure is not None else None
-        # The traceback holds the loader's iterator (in the frames it passed through). Let it go
-        # now, so that its workers are shut down here, by reference count, and not later by the
-        # garbage collector, which may finalize the iterator's queues first and then wait 5 s
-        # for each worker (a DataLoader that raised from a worker does).
-        traceback.clear_frames(error.__traceback__)
-        if failure is None:
-            raise
-    # Past the except block the error and its traceback are gone, and with them the last
-    # references to the loader's iterator: its workers shut down now, while torch's SIGCHLD
-    # handler (which would raise again, from wherever the main thread is) stays quiet.
-    try:
-        gc.collect()
-    finally:
-        restore_sigchld(previous)
+    # A dead worker can surface anywhere in the loop, even in its clean-up: the whole epoch is
+    # inside the translation, and torch's SIGCHLD check raises only where the loop receives it.
+    with WorkerDeaths() as deaths:
+        try:
+            return _timed_epoch(build_loader, trainer, settings, deaths)
+        except BaseException as error:
+            failure = explain(error, settings.loader_name) if isinstance(error, Exception) else None
+            previous = quiet_sigchld() if failure is not None else None
+            # The traceback holds the loader's iterator (in the frames it passed through). Let
+            # it go now, so that its workers are shut down here, by reference count, and not
+            # later by the garbage collector, which may finalize the iterator's queues first
+            # and then wait 5 s for each worker (a DataLoader that raised from a worker does).
+            traceback.clear_frames(error.__traceback__)
+            if failure is None:
+                raise
+        # Past the except block the error and its traceback are gone, and with them the last
+        # references to the loader's iterator: its workers shut down now, while torch's SIGCHLD
+        # handler (which would raise again for the workers it sees go) stays quiet.
+        try:
+            gc.collect()
+        finally:
+            restore_sigchld(previous)
     raise failure
 
 
@@ -133,7 +134,10 @@ class _Seen:
 
 
 def _timed_epoch(
-    build_loader: Callable[[], Iterable[Batch]], trainer: Trainer | None, settings: EpochSettings
+    build_loader: Callable[[], Iterable[Batch]],
+    trainer: Trainer | None,
+    settings: EpochSettings,
+    deaths: WorkerDeaths,
 ) -> EpochResult:
     device = settings.device
     meter, busy = EpochMeter(device), DeviceBusy(device)
@@ -152,6 +156,7 @@ def _timed_epoch(
             batches = _feed(build_loader(), settings)
             for batch, ready in batches:
                 meter.batch(asked_at, len(batch.labels))
+                deaths.check()
                 seen.add(batch)
                 if not settings.host_only:
                     with busy.step():
@@ -162,6 +167,7 @@ def _timed_epoch(
                 if settings.enough(meter.n_batches, meter.elapsed()):
                     break
                 asked_at = meter.waiting()
+            deaths.check()
         times = meter.stop()
         resources = monitor.stop(meter.ended_at)  # workers still alive: their counters count
     finally:

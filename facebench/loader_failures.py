@@ -16,6 +16,8 @@ import signal
 import threading
 from typing import Any
 
+from torch.utils.data._utils import signal_handling
+
 from facebench.errors import LoaderFailure
 
 _KILLED = re.compile(r"DataLoader worker \(pid (\d+)\) is killed by signal: (.+?)\.")
@@ -97,3 +99,66 @@ def quiet_sigchld() -> Any:
 def restore_sigchld(previous: Any) -> None:
     if previous is not None:
         signal.signal(signal.SIGCHLD, previous)
+
+
+# Where finalizers run besides `__del__`: weakref.finalize and multiprocessing's Finalize.
+_FINALIZER_FILES = ("weakref.py", "multiprocessing/util.py")
+
+
+def _inside_finalizer(frame: Any) -> bool:
+    """Whether the interrupted code runs inside a finalizer (a `__del__`, a weakref callback),
+    where an exception does not propagate: Python prints it as "Exception ignored in ..." with a
+    traceback, and carries on."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "__del__" or code.co_filename.endswith(_FINALIZER_FILES):
+            return True
+        frame = frame.f_back
+    return False
+
+
+class WorkerDeaths:
+    """During an epoch: torch's check of its DataLoader workers on SIGCHLD, raised only where
+    the epoch loop will receive it.
+
+    torch's handler raises wherever the main thread happens to be when a worker dies. Inside a
+    finalizer (a temporary file's `__del__`, say) the error was printed as a traceback and lost.
+    Here such an error is kept and raised by `check()`, which the loop calls after each batch; a
+    loop blocked waiting for a batch gets it at once (nothing is being finalized there), or
+    from the DataLoader's own check of its workers a few seconds later.
+    """
+
+    def __init__(self) -> None:
+        self.pending: RuntimeError | None = None
+        self._previous: Any = None
+
+    def __enter__(self) -> WorkerDeaths:
+        if threading.current_thread() is not threading.main_thread():
+            return self  # signals reach the main thread only; nothing to guard here
+        # torch installs its handler once per process, when a first DataLoader starts workers:
+        # installed now, it sits beneath this one rather than above it.
+        signal_handling._set_SIGCHLD_handler()
+        self._previous = signal.getsignal(signal.SIGCHLD)
+        signal.signal(signal.SIGCHLD, self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGCHLD, self._previous)
+            self._previous = None
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if not callable(self._previous):
+            return
+        try:
+            self._previous(signum, frame)
+        except RuntimeError as error:
+            if not _inside_finalizer(frame):
+                raise
+            self.pending = self.pending or error
+
+    def check(self) -> None:
+        """Raise a worker's death noticed where it could not be raised."""
+        if self.pending is not None:
+            error, self.pending = self.pending, None
+            raise error

@@ -13,6 +13,7 @@ zero.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -35,25 +36,45 @@ def _tree() -> list[psutil.Process]:
     main = psutil.Process()
     try:
         return [main, *main.children(recursive=True)]
-    except psutil.Error:
+    except (psutil.Error, OSError):  # a process vanished mid-listing, or no descriptor is left
         return [main]
 
 
-def read_counters() -> Counters:
+def read_counters(last: dict[int, Counters] | None = None) -> Counters:
+    """CPU time and bytes read by this process and its descendants, summed.
+
+    A process that ends between the listing and its read is left out: once reaped, its counters
+    are in its parent's (the main process adds its children's). One that cannot be read for
+    another reason (no file descriptor left, say) counts with its last counters in `last`, which
+    this call updates for every process it reads.
+    """
+    last = {} if last is None else last
     cpu = 0.0
     read: int | None = 0
     for index, process in enumerate(_tree()):
         try:
-            times = process.cpu_times()
-            cpu += times.user + times.system
-            if index == 0:  # reaped children are folded into the main process's counters
-                cpu += times.children_user + times.children_system
-            if read is not None:
-                read += process.io_counters().read_bytes
+            counters = _own_counters(process, with_children=index == 0)
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            continue  # exited between listing and reading; its counters move to its parent
-        except (psutil.AccessDenied, AttributeError, NotImplementedError):
-            read = None
+            continue  # ended: its counters move to its parent
+        except (psutil.Error, OSError, AttributeError, NotImplementedError):
+            counters = last.get(process.pid)
+            if counters is None:
+                continue
+        last[process.pid] = counters
+        cpu += counters.cpu_s
+        read = None if read is None or counters.read_bytes is None else read + counters.read_bytes
+    return Counters(cpu, read)
+
+
+def _own_counters(process: psutil.Process, with_children: bool) -> Counters:
+    times = process.cpu_times()
+    cpu = times.user + times.system
+    if with_children:  # reaped children are folded into the main process's counters
+        cpu += times.children_user + times.children_system
+    try:
+        read: int | None = process.io_counters().read_bytes
+    except (psutil.AccessDenied, AttributeError, NotImplementedError):
+        read = None  # not reported here
     return Counters(cpu, read)
 
 
@@ -87,6 +108,7 @@ class UsageMonitor:
         self._gpu_mem_peak = 0
         self._gpu = None
         self._start_counters: Counters | None = None
+        self._last: dict[int, Counters] = {}  # each process's latest counters
         self._wall_start = 0.0
 
     def prepare(self) -> None:
@@ -99,7 +121,7 @@ class UsageMonitor:
 
     def start(self, wall_start: float) -> None:
         self._wall_start = wall_start
-        self._start_counters = read_counters()
+        self._start_counters = read_counters(self._last)
         self._used_start = psutil.virtual_memory().used
         if self.period:
             self._sample()
@@ -111,14 +133,17 @@ class UsageMonitor:
             self._sample()
 
     def _sample(self) -> None:
+        """One sample of the levels; a process that vanishes or cannot be read is skipped (a
+        worker that just died, a process out of file descriptors), never raised from."""
         rss = 0
         for process in _tree():
             try:
                 rss += process.memory_info().rss
-            except psutil.Error:
+            except (psutil.Error, OSError):
                 continue
         self._rss_peak = max(self._rss_peak, rss)
-        self._used_peak = max(self._used_peak, psutil.virtual_memory().used)
+        with contextlib.suppress(OSError):  # unreadable this time (no descriptor left)
+            self._used_peak = max(self._used_peak, psutil.virtual_memory().used)
         if self._gpu is not None:
             import pynvml
 
@@ -138,7 +163,7 @@ class UsageMonitor:
 
     def stop(self, wall_end: float) -> dict[str, float]:
         """Metrics over the sampled span. Call while the loader's workers are still alive."""
-        end_counters = read_counters()
+        end_counters = read_counters(self._last)
         self._sample()
         self.close()
         elapsed = max(wall_end - self._wall_start, 1e-9)

@@ -24,6 +24,25 @@ from facebench.jobs import configure, install_process_handlers, user_message
 from facebench.paths import PROJECT_ROOT, data_root
 
 
+def _no_room(root: str) -> int:
+    """An open-file limit that leaves this process no room for another descriptor: the number it
+    holds, or lower where one is about to be freed (an image file a loader's thread is reading
+    right now: closed, it would leave room for the next, and dali went on, now and then)."""
+    held = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            held[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue  # the listing's own descriptor, closed meanwhile
+    shards = os.path.join(root, "facebench-shards")
+    in_flight = [
+        fd
+        for fd, target in held.items()
+        if target.startswith(root) and not target.startswith(shards)
+    ]
+    return min([len(held), *in_flight])
+
+
 def break_one(loader: str, mode: str, cache: str) -> None:
     overrides = [
         f"loader={loader}",
@@ -61,8 +80,7 @@ def break_one(loader: str, mode: str, cache: str) -> None:
                 return
             workers[0].kill()
         else:
-            held = len(os.listdir("/proc/self/fd"))
-            resource.setrlimit(resource.RLIMIT_NOFILE, (held, limits[1]))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (_no_room(str(root)), limits[1]))
         yield first
         yield from batches
 

@@ -53,7 +53,7 @@ def test_a_loader_that_falls_short_says_why():
 
 
 def test_worker_counts_double_up_to_the_cores(monkeypatch):
-    monkeypatch.setattr("facebench.advise.usable_cores", lambda: 16)
+    monkeypatch.setattr("facebench.advise.measure.usable_cores", lambda: 16)
     assert worker_counts("") == [1, 2, 4, 8, 16]
     assert worker_counts("3,1") == [1, 3]
 

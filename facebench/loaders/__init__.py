@@ -27,9 +27,11 @@ from facebench.paths import PROJECT_ROOT, cache_dir, data_layout, shards_root
 CONFIGS = PROJECT_ROOT / "conf" / "loader"
 
 
-def names() -> list[str]:
-    """Every loader, as conf/loader/ names them."""
-    return sorted(path.stem for path in CONFIGS.glob("*.yaml"))
+def names(real_only: bool = False) -> list[str]:
+    """Every loader, as conf/loader/ names them; real_only: those that read real samples (not
+    the compute ceiling)."""
+    every = sorted(path.stem for path in CONFIGS.glob("*.yaml"))
+    return [name for name in every if not (real_only and get(name).synthetic)]
 
 
 def get(name: str) -> LoaderSpec:

@@ -1,0 +1,129 @@
+"""What advise found, as a verdict and a table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from facebench.advise.measure import Measured, shortfall
+from facebench.resources import usable_cores
+from facebench.shards import room
+
+LOADER_MIN_S = 10.0  # what one loader needs at least: shards for a sample, a few short runs
+
+
+@dataclass
+class Advice:
+    """What advise found, and how it says so."""
+
+    model: str
+    device: str
+    ceiling: float
+    n_images: int
+    n_sample: int
+    measured: list[Measured]
+    seconds: float
+    budget_s: float
+    counts: list[int] = field(default_factory=lambda: [1])
+    ceiling_s: float = 0.0  # time spent measuring the ceiling
+    ceiling_note: str = ""  # how the ceiling was measured, when not with the batch asked for
+
+    def ordered(self) -> list[Measured]:
+        """Loaders that keep the device fed first (fewest workers, then fastest), then the rest."""
+
+        def key(m: Measured) -> tuple:
+            fewest = m.fewest_feeding(self.ceiling)
+            return (fewest is None, fewest or 0, -m.best()[1])
+
+        return sorted(self.measured, key=key)
+
+    def scale(self) -> float:
+        return self.n_images / max(1, self.n_sample)
+
+    def rows(self) -> list[list[str]]:
+        rows = []
+        for m in self.ordered():
+            fewest = m.fewest_feeding(self.ceiling)
+            best_workers, best = m.best()
+            rate = min(self.ceiling, best) if m.rates else 0.0
+            epoch = f"{self.n_images / rate:,.0f} s" if rate else "n/a"
+            rows.append(
+                [
+                    m.name,
+                    "yes" if fewest is not None else "no",
+                    str(fewest) if fewest is not None else "-",
+                    f"{best:,.0f} ({best_workers})" if m.rates else "-",
+                    epoch,
+                    f"{m.prepare_s * self.scale():,.1f} s" if m.shard_bytes else "-",
+                    room.gb(m.shard_bytes * self.scale()) if m.shard_bytes else "-",
+                    "" if fewest is not None else shortfall(m, self.ceiling, usable_cores()),
+                ]
+            )
+        return rows
+
+    def verdict(self) -> str:
+        if not any(m.rates for m in self.measured):
+            return self.nothing_measured()
+        fed = [(m.fewest_feeding(self.ceiling), -m.best()[1], m.name) for m in self.measured]
+        fed = sorted(f for f in fed if f[0] is not None)
+        if not fed:
+            best = max(self.measured, key=lambda m: m.best()[1])
+            share = 100 * best.best()[1] / self.ceiling if self.ceiling else 0
+            return (
+                f"No loader keeps {self.model} on {self.device} fed ({self.ceiling:,.0f} "
+                f"images/s); the closest is {best.name}, at {share:.0f}% with "
+                f"{best.best()[0]} workers."
+            )
+        workers, _, name = fed[0]
+        epoch = self.n_images / self.ceiling
+        others = ", ".join(f"{n} ({w})" for w, _, n in fed[1:])
+        also = f" Also fed, fewest workers first: {others}." if others else ""
+        if len(fed) == len(self.measured) and all(w == min(self.counts) for w, _, _ in fed):
+            also += " Every loader keeps up with the fewest workers: the model sets the pace here."
+        return (
+            f"Use loader={name} n_workers={workers}: it keeps {self.model} on {self.device} "
+            f"fed ({self.ceiling:,.0f} images/s), one epoch of {self.n_images:,} images in "
+            f"about {epoch:,.0f} s.{also}"
+        )
+
+    def nothing_measured(self) -> str:
+        """What to change when the budget ran out before any loader was measured."""
+        enough = self.ceiling_s + len(self.measured) * LOADER_MIN_S
+        smaller = (
+            "a smaller batch_size"
+            if self.model == "resnet18"
+            else "model=resnet18 (amp=off on a CPU)"
+        )
+        return (
+            f"Nothing was measured: budget_s={self.budget_s:,.0f} ran out after "
+            f"{self.ceiling_s:,.0f} s on the compute ceiling ({self.model} at "
+            f"{self.ceiling:,.1f} images/s), before any loader. Raise budget_s to about "
+            f"{enough:,.0f} or more, or measure against {smaller}."
+        )
+
+    def markdown(self) -> str:
+        header = [
+            "loader",
+            "keeps it fed",
+            "fewest workers",
+            "best host-side images/s (workers)",
+            "predicted epoch",
+            "shard build",
+            "shard disk",
+            "why not",
+        ]
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(row) + " |" for row in self.rows()]
+        sampled = (
+            f" Measured on a sample of {self.n_sample:,} images; build time and disk are "
+            "scaled to the whole set."
+            if self.n_sample < self.n_images
+            else ""
+        )
+        return (
+            f"## facebench advise: {self.model} on {self.device}\n\n{self.verdict()}\n\n"
+            f"Compute ceiling: {self.ceiling:,.0f} images/s{self.ceiling_note}. "
+            f"Data: {self.n_images:,} images."
+            f"{sampled} Took {self.seconds:,.0f} s of a {self.budget_s:,.0f} s budget.\n\n"
+            + "\n".join(lines)
+            + "\n"
+        )

@@ -1,0 +1,113 @@
+"""Each loader's host-side rate at more and more workers, and why one falls short."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import time
+from dataclasses import dataclass, field, replace
+
+from facebench import loaders
+from facebench.advise.configs import compose_run
+from facebench.epoch import EpochSettings, run_epoch
+from facebench.resources import usable_cores
+from facebench.runner import Data, Job, build_loader
+from facebench.shards.manifest import Manifest
+
+log = logging.getLogger("facebench.advise")
+
+ENOUGH = 1.1  # a loader keeps the device fed when it outruns the ceiling by this much
+RUN_S = (2.0, 15.0)  # shortest and longest measurement of one loader at one worker count
+
+
+@dataclass
+class Measured:
+    """One loader's measurements: its shards, and its rate at each worker count."""
+
+    name: str
+    prepare_s: float = 0.0
+    shard_bytes: int = 0
+    rates: dict[int, float] = field(default_factory=dict)  # n_workers -> steady images/s
+    first_batch_s: dict[int, float] = field(default_factory=dict)
+    note: str = ""  # why it was not (fully) measured
+
+    def fewest_feeding(self, ceiling: float) -> int | None:
+        fed = [w for w, rate in sorted(self.rates.items()) if rate >= ceiling]
+        return fed[0] if fed else None
+
+    def best(self) -> tuple[int, float]:
+        return max(self.rates.items(), key=lambda item: item[1]) if self.rates else (0, 0.0)
+
+
+def worker_counts(requested: str) -> list[int]:
+    if requested:
+        return sorted({int(w) for w in requested.split(",")})
+    cores = usable_cores()
+    counts, step = {1, cores}, 2
+    while step < cores:
+        counts.add(step)
+        step *= 2
+    return sorted(counts)
+
+
+def measure_loader(
+    name: str,
+    base: list[str],
+    job: Job,
+    data: Data,
+    counts: list[int],
+    deadline: float,
+    ceiling: float,
+) -> Measured:
+    """Shards first (timed apart), then the host-side rate at more and more workers."""
+    measured = Measured(name)
+    cfg = compose_run([*base, f"loader={name}", "model=none", "host_only=true"])
+    spec = loaders.get(name)
+    ctx = loaders.context(
+        cfg, spec, data.root, data.records, data.labels, job.device, data.excluded
+    )
+    build_loader(cfg, spec, ctx, job.world)
+    manifest = Manifest.read(ctx.shards_dir) if spec.shard_format is not None else None
+    if manifest is not None:
+        measured.prepare_s = manifest.prepare_s  # as long as building took, now or before
+        measured.shard_bytes = sum(shard.bytes for shard in manifest.shards)
+    for index, workers in enumerate(counts):
+        left = deadline - time.perf_counter()
+        per_run = min(RUN_S[1], max(RUN_S[0], left / max(1, len(counts) - index)))
+        if left < per_run:
+            measured.note = f"budget spent before n_workers={workers}"
+            break
+        settings = EpochSettings(
+            job.device, sample_hz=0, host_only=True, time_limit_s=per_run, geometry=ctx.geometry
+        )
+        build = functools.partial(spec.build, replace(ctx, n_workers=workers))
+        result = run_epoch(build, None, settings)
+        measured.rates[workers] = result.times.steady_images_per_s
+        measured.first_batch_s[workers] = result.times.time_to_first_batch_s
+        log.info(
+            "%s, n_workers=%d: %.0f images/s (host side)", name, workers, measured.rates[workers]
+        )
+        if measured.rates[workers] >= ENOUGH * ceiling:
+            break  # more workers would only use more of the machine
+    return measured
+
+
+def shortfall(measured: Measured, ceiling: float, cores: int) -> str:
+    """Why a loader does not keep the device fed, in one line."""
+    if not measured.rates:
+        return measured.note or "not measured"
+    counts = sorted(measured.rates)
+    low, high = counts[0], counts[-1]
+    best_workers, best = measured.best()
+    if len(counts) > 1 and measured.rates[high] >= 1.5 * measured.rates[low]:
+        per_worker = measured.rates[high] / high
+        needed = math.ceil(ceiling / per_worker)
+        return (
+            f"about {per_worker:,.0f} images/s per worker: the device needs {needed} workers, "
+            f"this machine has {cores} cores"
+        )
+    return (
+        f"does not scale with workers ({measured.rates[low]:,.0f} images/s with {low}, "
+        f"{best:,.0f} at best with {best_workers}): bound by something other than the cores"
+    )
