@@ -33,10 +33,15 @@ class Counters:
 
 
 def _tree() -> list[psutil.Process]:
-    main = psutil.Process()
+    """This process and its descendants; fewer (or none) when they cannot be listed now: a
+    process vanished mid-listing, or no file descriptor is left to read /proc with."""
+    try:
+        main = psutil.Process()
+    except (psutil.Error, OSError):
+        return []
     try:
         return [main, *main.children(recursive=True)]
-    except (psutil.Error, OSError):  # a process vanished mid-listing, or no descriptor is left
+    except (psutil.Error, OSError):
         return [main]
 
 
@@ -49,9 +54,14 @@ def read_counters(last: dict[int, Counters] | None = None) -> Counters:
     this call updates for every process it reads.
     """
     last = {} if last is None else last
+    tree = _tree()
+    if not tree:  # nothing can be read now: the last counters stand
+        reads = [c.read_bytes for c in last.values()]
+        total_read = None if None in reads else sum(r for r in reads if r is not None)
+        return Counters(sum(c.cpu_s for c in last.values()), total_read)
     cpu = 0.0
     read: int | None = 0
-    for index, process in enumerate(_tree()):
+    for index, process in enumerate(tree):
         try:
             counters = _own_counters(process, with_children=index == 0)
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
@@ -157,9 +167,11 @@ class UsageMonitor:
     def close(self) -> None:
         """Stop the thread (also after an error); idempotent."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            # RuntimeError: start() was interrupted (Ctrl-C) before it returned; it sees _stop.
+            with contextlib.suppress(RuntimeError):
+                thread.join()
 
     def stop(self, wall_end: float) -> dict[str, float]:
         """Metrics over the sampled span. Call while the loader's workers are still alive."""
