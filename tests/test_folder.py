@@ -73,16 +73,51 @@ def test_a_labels_csv_gives_integer_or_named_classes(tmp_path):
         ("x/1.png,-1\n", "labels.csv:1: label -1 must be 0 or more"),
         # Classes are counted up to the largest label: this one would count a billion.
         ("x/1.png,3\nx/2.png,999999999\n", "labels.csv:2: label 999999999 is too large"),
+        # Labels that int() refuses or reads otherwise than they look, among integer ones.
+        ("x/1.png,3\nx/2.png,\u00b2\n", "labels.csv:2: label '\u00b2' looks like a number but"),
+        ("x/1.png,3\nx/2.png,--1\n", "labels.csv:2: label '--1' looks like a number but"),
+        ("x/1.png,3\nx/2.png,+1\n", "labels.csv:2: label '+1' looks like a number but"),
+        ("x/1.png,3\nx/2.png,1.0\n", "labels.csv:2: label '1.0' looks like a number but"),
+        ("x/1.png,cat\nx/2.png,\u0663\n", "labels.csv:2: label '\u0663' looks like a number"),
+        ("x/1.png,3\nx/2.png,dog\n", "labels.csv:2: label 'dog' is a name, but line 1's is an"),
+        ("x/1.png,dog\nx/2.png,3\n", "labels.csv:2: label '3' is an integer, but line 1's is a"),
+        ("x/1.png,d\x07g\n", "labels.csv:1: label 'd\\x07g' holds control characters"),
+        # Paths that are no image file.
+        ("x,1\n", "labels.csv:1: x is a folder, not an image file"),
+        ("x/1.png,1\n.,2\n", "labels.csv:2: . is a folder, not an image file"),
+        (",1\n", "labels.csv:1: expected 'path,label'"),
+        pytest.param(
+            f"{'n' * 300}.png,1\n",
+            "labels.csv:1: " + "n" * 300 + ".png cannot be used (File name too long)",
+            id="a-name-too-long",
+        ),
+        ("x/1.png,1\nx/./1.png,2\n", "labels.csv:2: x/./1.png is listed again (first on line 1)"),
+        ("x/1.png,1\nx/2.png,1\x00\n", "labels.csv:2: label '1\\x00' holds control characters"),
+        pytest.param(
+            f"x/1.png,1\nx/2.png,{'9' * 200_000}\n",
+            "labels.csv:2: not a CSV row (field larger",
+            id="a-field-over-csv-limit",
+        ),
         ("path,label\n", "no 'path,label' rows"),
     ],
 )
 def test_a_bad_labels_csv_is_named_with_its_line(tmp_path, text, says):
     _image(tmp_path / "x" / "1.png")
     _image(tmp_path / "x" / "2.png")
-    (tmp_path / "labels.csv").write_text(text)
+    (tmp_path / "labels.csv").write_text(text, encoding="utf-8")
     with pytest.raises(DataError) as error:
         csv_records(tmp_path, "labels.csv")
     assert says in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_a_labels_csv_reads_quoted_names_and_a_labels_folder_is_named(tmp_path):
+    _image(tmp_path / "x" / "a, b.png")
+    (tmp_path / "labels.csv").write_text('"x/a, b.png","a class, with a comma"\n')
+    records, labels = csv_records(tmp_path, "labels.csv")
+    assert records[0].path.endswith("a, b.png") and labels.classes == ("a class, with a comma",)
+    with pytest.raises(DataError, match="data.labels=.*x: cannot be read"):
+        csv_records(tmp_path, "x")
 
 
 def test_a_folder_without_class_folders_says_what_it_expects(tmp_path):

@@ -15,9 +15,16 @@ map travels with every run (results.json, MLflow) and every shard manifest.
 from __future__ import annotations
 
 import csv
+import errno
+import io
 import logging
 import os
+import re
+import stat
+import unicodedata
+from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 from PIL import Image
 
@@ -91,55 +98,121 @@ def csv_records(root: Path, labels_file: str) -> tuple[list[Record], LabelSpace]
     path = Path(labels_file).expanduser()
     path = path if path.is_absolute() else root / path
     rows = _read_rows(path, root)
-    texts = [label for _, label, _ in rows]
-    if all(_is_integer(text) for text in texts):
-        numbers = [int(text) for text in texts]
+    if rows[0].integer:
+        numbers = [int(row.label) for row in rows]
         largest = max(range(len(rows)), key=numbers.__getitem__)
-        check_label(numbers[largest], len(rows), f"{path}:{rows[largest][2]}")
+        check_label(numbers[largest], len(rows), f"{path}:{rows[largest].line}")
         classes = tuple(str(number) for number in range(numbers[largest] + 1))
         indices = numbers
     else:
-        classes = tuple(sorted(set(texts)))
+        classes = tuple(sorted({row.label for row in rows}))
         position = {name: index for index, name in enumerate(classes)}
-        indices = [position[text] for text in texts]
+        indices = [position[row.label] for row in rows]
     records = [
-        Record(str(root / relative), index, FOLDER)
-        for (relative, _, _), index in zip(rows, indices, strict=True)
+        Record(str(root / row.relative), index, FOLDER)
+        for row, index in zip(rows, indices, strict=True)
     ]
     return records, LabelSpace(classes=classes)
 
 
-def _is_integer(text: str) -> bool:
-    return text.lstrip("-").isdigit()
+# Integer labels are class indices written with the digits 0-9 (int() would also take '+1', ' 1'
+# or Arabic-Indic digits; '²' passes str.isdigit but not int()).
+_INTEGER = re.compile(r"-?[0-9]+")
+_NUMERIC_MARKS = frozenset("+-.,_eE ")
 
 
-def _read_rows(path: Path, root: Path) -> list[tuple[str, str, int]]:
-    """(relative path, label, line) of every row; a 'path,label' header is skipped."""
+class _Row(NamedTuple):
+    relative: str
+    label: str
+    line: int
+
+    @property
+    def integer(self) -> bool:
+        return _INTEGER.fullmatch(self.label) is not None
+
+
+def _label_problem(label: str) -> str | None:
+    """Why a label is neither an integer class index nor a class name (a message that starts
+    with the label), or None."""
+    if _INTEGER.fullmatch(label):
+        return f"label {label} must be 0 or more" if int(label) < 0 else None
+    numeric = [c.isnumeric() for c in label]
+    if any(numeric) and all(n or c in _NUMERIC_MARKS for n, c in zip(numeric, label, strict=True)):
+        return (
+            f"label {label!r} looks like a number but is not an integer: write class indices "
+            "with the digits 0-9"
+        )
+    if any(unicodedata.category(c).startswith("C") for c in label):
+        return f"label {label!r} holds control characters: write a class name or an index"
+    return None
+
+
+def _read_rows(path: Path, root: Path) -> list[_Row]:
+    """Every 'path,label' row (a 'path,label' header is skipped), each checked; any row that
+    cannot be used is named, file:line, before any work."""
+    rows: list[_Row] = []
+    seen: dict[Path, int] = {}
+    for line, fields in _csv_lines(path):
+        fields = [field.strip() for field in fields]
+        if not any(fields) or (not rows and [f.lower() for f in fields] == ["path", "label"]):
+            continue
+        where = f"{path}:{line}"
+        if len(fields) != 2 or not fields[0] or not fields[1]:
+            raise DataError(f"{where}: expected 'path,label', got {','.join(fields)!r}")
+        relative, label = fields
+        problem = _label_problem(label)
+        if problem:
+            raise DataError(f"{where}: {problem}")
+        resolved = _checked_path(root, relative, where)
+        if resolved in seen:
+            raise DataError(f"{where}: {relative} is listed again (first on line {seen[resolved]})")
+        seen[resolved] = line
+        row = _Row(relative, label, line)
+        if rows and row.integer != rows[0].integer:
+            kinds = ("an integer", "a name") if rows[0].integer else ("a name", "an integer")
+            raise DataError(
+                f"{where}: label {label!r} is {kinds[1]}, but line {rows[0].line}'s is "
+                f"{kinds[0]} ({rows[0].label!r}): give every row an integer class index (0, 1, "
+                "2, ...) or every row a class name"
+            )
+        rows.append(row)
+    if not rows:
+        raise DataError(f"{path}: no 'path,label' rows")
+    return rows
+
+
+def _csv_lines(path: Path) -> Iterator[tuple[int, list[str]]]:
+    """(line number, fields) of each row of the labels CSV."""
     try:
         text = path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise DataError(f"data.labels={path}: no such file") from None
     except UnicodeDecodeError as error:
         raise DataError(f"{path}: not UTF-8 text (byte {error.start})") from None
-    rows: list[tuple[str, str, int]] = []
-    seen: dict[str, int] = {}
-    for line, fields in enumerate(csv.reader(text.splitlines()), start=1):
-        fields = [field.strip() for field in fields]
-        if not any(fields) or (line == 1 and [f.lower() for f in fields] == ["path", "label"]):
-            continue
-        where = f"{path}:{line}"
-        if len(fields) != 2 or not fields[0] or not fields[1]:
-            raise DataError(f"{where}: expected 'path,label', got {','.join(fields)!r}")
-        relative, label = fields
-        resolved = (root / relative).resolve()
-        if Path(relative).is_absolute() or not resolved.is_relative_to(root.resolve()):
-            raise DataError(f"{where}: {relative} is not inside data.root={root}")
-        if _is_integer(label) and int(label) < 0:
-            raise DataError(f"{where}: label {label} must be 0 or more")
-        if relative in seen:
-            raise DataError(f"{where}: {relative} is listed again (first on line {seen[relative]})")
-        seen[relative] = line
-        rows.append((relative, label, line))
-    if not rows:
-        raise DataError(f"{path}: no 'path,label' rows")
-    return rows
+    except OSError as error:
+        raise DataError(f"data.labels={path}: cannot be read ({error.strerror})") from None
+    reader = csv.reader(io.StringIO(text, newline=""))
+    while True:
+        try:
+            fields = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as error:
+            raise DataError(f"{path}:{reader.line_num}: not a CSV row ({error})") from None
+        yield reader.line_num, fields
+
+
+def _checked_path(root: Path, relative: str, where: str) -> Path:
+    """The row's file inside root; a path outside it, a folder, or one the system cannot use is
+    named. A missing file is left to the check every run makes (on_bad_sample decides)."""
+    candidate = root / relative
+    resolved = candidate.resolve()
+    if Path(relative).is_absolute() or not resolved.is_relative_to(root.resolve()):
+        raise DataError(f"{where}: {relative} is not inside data.root={root}")
+    try:
+        if stat.S_ISDIR(candidate.stat().st_mode):
+            raise DataError(f"{where}: {relative} is a folder, not an image file")
+    except OSError as error:
+        if error.errno not in (errno.ENOENT, errno.ENOTDIR):
+            raise DataError(f"{where}: {relative} cannot be used ({error.strerror})") from None
+    return resolved
