@@ -20,6 +20,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from facebench.data.images import DEFAULT_MAX_PIXELS
 from facebench.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,9 @@ class DataConfig:
     seed: int = 0
     # Where generated data and shards go; empty means <project root>/.cache.
     cache_dir: str = ""
+    # The largest image, in pixels, that is decoded (read from its header first): a larger one
+    # is a bad sample (on_bad_sample). 0 lifts the limit.
+    max_pixels: int = DEFAULT_MAX_PIXELS
 
 
 @dataclass
@@ -275,7 +279,7 @@ def _range_problems(cfg: DictConfig) -> list[str]:
         value = OmegaConf.select(cfg, key)
         if value is not None and value < 1:
             problems.append(f"{key}={value}: must be at least 1")
-    for key in ("n_workers", "max_batches"):
+    for key in ("n_workers", "max_batches", "data.max_pixels"):
         value = OmegaConf.select(cfg, key)
         if value is not None and value < 0:
             problems.append(f"{key}={value}: must be 0 or more")

@@ -1,5 +1,7 @@
 """Errors that carry a message meant for the user: what is wrong, where, and what to do."""
 
+from __future__ import annotations
+
 # torch's DataPipes append this, and a repr of the whole pipeline (every argument, every shard's
 # sha256 included), to the first argument of any exception raised while iterating them.
 _DATAPIPE_NOTE = "\nThis exception is thrown by __iter__ of"
@@ -32,3 +34,41 @@ class TrackingError(FacebenchError):
 
 class LoaderFailure(FacebenchError):
     """A loader's workers, or the channel that brings their batches, stopped working."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM: what the user sees is one line, what stopped and what was kept."""
+
+    def __init__(self, signal_name: str, outcome: str) -> None:
+        super().__init__(signal_name, outcome)
+        self.signal_name = signal_name
+        self.outcome = outcome
+
+    def __str__(self) -> str:
+        return f"interrupted by {self.signal_name}: {self.outcome}"
+
+    @property
+    def exit_code(self) -> int:
+        """What a shell reports for a process ended by the signal: 128 + its number."""
+        return 128 + (15 if self.signal_name == "SIGTERM" else 2)
+
+    @classmethod
+    def of(cls, stop: KeyboardInterrupt, outcome: str) -> Interrupted:
+        """From the KeyboardInterrupt that stopped the job: Ctrl-C's carries nothing; the one
+        facebench raises on SIGTERM (facebench.jobs) carries the signal's name."""
+        if isinstance(stop, Interrupted):
+            return stop
+        name = stop.args[0] if stop.args and isinstance(stop.args[0], str) else "SIGINT"
+        return cls(name, outcome)
+
+
+def interruption(error: BaseException | None) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM behind an error, if any: one that arrived during clean-up can be
+    replaced by an error of the clean-up itself (a thread not yet started, say)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None

@@ -10,15 +10,15 @@ import sys
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from facebench import loaders, parent_death
+from facebench import loaders, parent_death, printable
 from facebench.config import register_configs
-from facebench.errors import FacebenchError
+from facebench.errors import FacebenchError, Interrupted, interruption
 
 log = logging.getLogger("facebench")
 T = TypeVar("T")
@@ -45,7 +45,7 @@ def sweep_id() -> str:
     """An id shared by every job of one multirun (and unique to a single run)."""
     hydra = HydraConfig.get()
     folder = hydra.sweep.dir if hydra.mode == RunMode.MULTIRUN else hydra.runtime.output_dir
-    return hashlib.sha1(str(Path(folder).resolve()).encode()).hexdigest()[:10]
+    return hashlib.sha1(os.fsencode(str(Path(folder).resolve()))).hexdigest()[:10]
 
 
 def user_message(error: FacebenchError) -> str:
@@ -61,44 +61,67 @@ def run_job(task: Callable[..., T], cfg: DictConfig) -> T:
     """Run one job; a user error is one clear line, not a traceback.
 
     In a single run it exits with status 1. In a multirun it is re-raised, so Hydra marks this job
-    failed and goes on with the others (and exits non-zero at the end).
+    failed and goes on with the others (and exits non-zero at the end). Ctrl-C or SIGTERM stops
+    the job (and a sweep) with one line and status 130 or 143; HYDRA_FULL_ERROR=1 shows the
+    traceback instead.
     """
     install_process_handlers()
+    printable.install()  # Hydra's handlers: a file name with odd bytes is logged, not a failure
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     output_dir = Path(HydraConfig.get().runtime.output_dir)
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
         return task(cfg, output_dir=output_dir, sweep_id=sweep_id(), multirun=multirun)
-    except FacebenchError as error:
+    except BaseException as error:
+        _end(error, multirun, distributed)
+
+
+def _end(error: BaseException, multirun: bool, distributed: bool) -> NoReturn:
+    """How a job that raised ends: one line and an exit status, or the error passed on."""
+    stop = interruption(error)
+    if stop is not None and os.environ.get("HYDRA_FULL_ERROR") != "1":
+        # The run (and a sweep's later jobs) stop here, workers with it.
+        interrupted = Interrupted.of(stop, "stopped before anything was recorded")
+        log.error("%s", interrupted)
+        sys.exit(interrupted.exit_code)
+    if isinstance(error, FacebenchError):
         log.error("%s", user_message(error))
-        if HydraConfig.get().mode == RunMode.MULTIRUN and not distributed:
-            raise
+        if multirun and not distributed:
+            raise error
         sys.exit(1)
-    except Exception:
-        if distributed:
-            # One rank failing must end the job: going on to the next job of a sweep would pair
-            # its collectives with the other ranks' and hang or mix up the runs.
-            log.exception("this rank failed; ending the job")
-            sys.exit(1)
-        raise
+    if isinstance(error, Exception) and distributed:
+        # One rank failing must end the job: going on to the next job of a sweep would pair
+        # its collectives with the other ranks' and hang or mix up the runs.
+        log.error("this rank failed; ending the job", exc_info=error)
+        sys.exit(1)
+    raise error
 
 
 _job_pid = 0
+_REDELIVER_S = 0.1
+_swallowed: KeyboardInterrupt | None = None  # the last interrupt a finalizer dropped
+_stopping = False  # a Ctrl-C or SIGTERM is ending the job
 
 
 def install_process_handlers() -> None:
     """How this process, and the workers it forks, end and report failures.
 
     SIGTERM (torchrun stopping the other ranks, SLURM's scancel or time limit) ends the job like
-    Ctrl-C: runs are closed as KILLED and workers stopped, rather than left RUNNING. A worker whose
-    main process stopped listening (it failed, and says why in one line) goes without printing
-    the broken pipe's traceback. Every process forked from here on dies with its parent, even
-    one killed with SIGKILL (facebench.parent_death).
+    Ctrl-C: runs are closed as KILLED and workers stopped, rather than left RUNNING. Either one
+    raised inside a finalizer, which drops it, is delivered again a moment later. A worker
+    whose main process stopped listening (it failed, and says why in one line) goes without
+    printing the broken pipe's traceback. Every process forked from here on dies with its
+    parent, even one killed with SIGKILL (facebench.parent_death).
     """
     global _job_pid
     _job_pid = os.getpid()
     parent_death.install()
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGALRM, _redeliver)
+    if not getattr(sys.unraisablehook, "facebench", False):
+        sys.unraisablehook = _swallowed_interrupts(sys.unraisablehook)
+        sys.unraisablehook.facebench = True  # type: ignore[attr-defined]
     sys.excepthook = _quiet_broken_pipes_in_workers
 
 
@@ -117,4 +140,33 @@ def _interrupt(signum: int, frame: object) -> None:
         # without leaving the folder of its file-descriptor sockets in /tmp.
         parent_death.remove_own_tempdir()
         os._exit(128 + signum)
-    raise KeyboardInterrupt(f"signal {signum}")
+    global _stopping
+    _stopping = True
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _swallowed_interrupts(hook: Any) -> Any:
+    """sys.unraisablehook: a Ctrl-C or SIGTERM raised where Python cannot pass it on (a
+    finalizer, such as a loader iterator's __del__ shutting its workers down, or a fork hook)
+    was printed as "Exception ignored" and dropped, and the run went on. It is delivered again a
+    moment later instead, by SIGALRM: a timer needs no lock that the dropping code may hold."""
+
+    def unraisable(args: Any) -> None:
+        if os.getpid() == _job_pid and isinstance(args.exc_value, KeyboardInterrupt):
+            global _swallowed
+            _swallowed = args.exc_value
+            signal.setitimer(signal.ITIMER_REAL, _REDELIVER_S)
+            return
+        if _stopping and os.environ.get("HYDRA_FULL_ERROR") != "1":
+            # Objects cut short by the stop fail to finalize (a DataLoader iterator interrupted
+            # while it was being built, say): noise after the one line that says what happened.
+            log.debug("while stopping: %r in %r", args.exc_value, args.object)
+            return
+        hook(args)
+
+    return unraisable
+
+
+def _redeliver(signum: int, frame: object) -> None:
+    if _swallowed is not None:
+        raise KeyboardInterrupt(*_swallowed.args)

@@ -105,7 +105,7 @@ def restore_sigchld(previous: Any) -> None:
 _FINALIZER_FILES = ("weakref.py", "multiprocessing/util.py")
 
 
-def _inside_finalizer(frame: Any) -> bool:
+def inside_finalizer(frame: Any) -> bool:
     """Whether the interrupted code runs inside a finalizer (a `__del__`, a weakref callback),
     where an exception does not propagate: Python prints it as "Exception ignored in ..." with a
     traceback, and carries on."""
@@ -153,7 +153,7 @@ class WorkerDeaths:
         try:
             self._previous(signum, frame)
         except RuntimeError as error:
-            if not _inside_finalizer(frame):
+            if not inside_finalizer(frame):
                 raise
             self.pending = self.pending or error
 

@@ -10,6 +10,12 @@ The kernel sends that signal when the *thread* that forked the child ends, not t
 child forked from the main thread gets it (the main thread lasts as long as the process); a child
 forked from another thread, which may end first, instead runs a small thread that checks every
 half second whether its parent is still the one that forked it.
+
+Ctrl-C reaches every process of the terminal's foreground group, workers included, where it
+printed a KeyboardInterrupt traceback from each (torchdata.nodes', LitData's, the builders'
+pools). A forked child leaves Ctrl-C to its parent, which stops the run in one line and its
+workers with it. (A Python handler, not SIG_IGN: a program the child runs with exec gets the
+default back.)
 """
 
 from __future__ import annotations
@@ -54,10 +60,15 @@ def _before_fork() -> None:
 
 
 def _in_child() -> None:
+    signal.signal(signal.SIGINT, _left_to_parent)
     if not (_forked_from_main_thread and _ask_for_sigkill()):
         threading.Thread(target=_watch, name="facebench-parent-watch", daemon=True).start()
     if os.getppid() != _parent_pid:  # the parent died before the request was made
         os._exit(1)
+
+
+def _left_to_parent(signum: int, frame: object) -> None:
+    """Ctrl-C in a child: nothing; the parent stops the run, and its workers."""
 
 
 def _ask_for_sigkill() -> bool:

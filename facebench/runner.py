@@ -20,12 +20,13 @@ from omegaconf import DictConfig, OmegaConf
 from facebench import loaders
 from facebench.config import validate
 from facebench.data.check import Listing, list_usable
+from facebench.data.images import set_max_pixels
 from facebench.data.sources import LabelSpace, Record
 from facebench.device import Precision, hardware_tags, resolve_device, resolve_precision
 from facebench.distributed import World, barrier, gather, join, whole_job, world_from_env
 from facebench.distributed import start as start_distributed
 from facebench.epoch import EpochSettings, run_epoch
-from facebench.errors import ConfigError, FacebenchError
+from facebench.errors import ConfigError, FacebenchError, Interrupted, interruption
 from facebench.loaders.base import LoaderContext
 from facebench.loaders.spec import LoaderSpec
 from facebench.pagecache import prepare_cache, resident_fraction
@@ -129,9 +130,14 @@ def run_training(
         try:
             _run(cfg, job, tracker, results)
             results["status"] = "FINISHED"
-        except KeyboardInterrupt:
+        except BaseException as error:
+            stop = interruption(error)
+            if stop is None:
+                raise
             results["status"] = "KILLED"
-            raise
+            recorded = "marked KILLED in MLflow" if tracker.enabled else "stopped (tracking=false)"
+            outcome = f"run {name} {recorded}; shards built so far are kept"
+            raise Interrupted.of(stop, outcome) from error
         finally:
             # Written even when the job fails: nothing measured is lost.
             if output_dir is not None:
@@ -225,6 +231,7 @@ class Data:
 
 def prepare_data(cfg: DictConfig, world: World) -> Data:
     """Generate (synthetic) or find the data, list every sample, check the files are usable."""
+    set_max_pixels(cfg.data.max_pixels)  # before any worker is forked: they inherit it
     if not world.is_main:  # rank 0 generates (or checks) the data; the others wait and reuse it
         barrier(world)
     n_procs = max(cfg.n_workers, 1)

@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 from facebench import mlflow_views as views
 from facebench.errors import TrackingError
 from facebench.paths import PROJECT_ROOT
+from facebench.printable import printable, printable_mapping
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +211,7 @@ class Tracker:
 
         mlflow.log_params(
             {
-                key: str(value)[:_PARAM_LIMIT]
+                key: printable(str(value))[:_PARAM_LIMIT]  # a data.root with odd bytes, say
                 for key, value in params.items()
                 if value is not None and value != ""
             }
@@ -242,7 +243,7 @@ class Tracker:
         if self.enabled:
             import mlflow
 
-            mlflow.log_dict(dict(value), name)
+            mlflow.log_dict(printable_mapping(value), name)  # class folders with odd bytes
 
     def log_artifact(self, path: Path) -> None:
         if not self.enabled or not path.is_file():

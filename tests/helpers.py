@@ -56,3 +56,15 @@ def assert_same_samples(seen: Samples, truth: Samples, atol: float = 1e-5) -> No
         assert image.shape == want_image.shape
         error = (image - want_image).abs().max().item()
         assert error <= atol, f"sample {sample_id}: pixels differ by up to {error}"
+
+
+# Holds a shard folder's build lock as another builder's process would, until its stdin closes.
+HOLD_LOCK = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.lockf(fd, fcntl.LOCK_EX)
+os.pwrite(fd, f"{os.getpid()}\\n".encode(), 0)
+print("locked", flush=True)
+sys.stdin.read()
+os.ftruncate(fd, 0)  # a build that finished says so
+"""

@@ -24,6 +24,7 @@ from facebench.runner import run_training
 from facebench.shards import pickle_format
 from facebench.shards.build import ensure_shards, run_prepare
 from facebench.shards.manifest import MANIFEST, Manifest, read_verified
+from tests.helpers import HOLD_LOCK
 
 
 @pytest.fixture
@@ -189,23 +190,11 @@ def test_shards_rebuilt_during_the_run_are_refused_in_one_line(
     assert "Traceback" not in str(raised.value) and "sha256" not in str(raised.value)
 
 
-# Holds a shard folder's build lock as another builder's process would, until its stdin closes.
-_HOLD_LOCK = """
-import fcntl, os, sys
-fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
-fcntl.lockf(fd, fcntl.LOCK_EX)
-os.pwrite(fd, f"{os.getpid()}\\n".encode(), 0)
-print("locked", flush=True)
-sys.stdin.read()
-os.ftruncate(fd, 0)  # a build that finished says so
-"""
-
-
 def test_a_build_that_waits_for_another_says_so(data_copy, tmp_path, caplog):
     folder = tmp_path / "shards"
     folder.mkdir()
     holder = subprocess.Popen(
-        [sys.executable, "-c", _HOLD_LOCK, str(folder / ".lock")],
+        [sys.executable, "-c", HOLD_LOCK, str(folder / ".lock")],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

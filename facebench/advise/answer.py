@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from facebench.advise.measure import Measured, shortfall
+from facebench.printable import printable
 from facebench.resources import usable_cores
 from facebench.shards import room
 
@@ -119,7 +120,7 @@ class Advice:
             if self.n_sample < self.n_images
             else ""
         )
-        return (
+        return printable(
             f"## facebench advise: {self.model} on {self.device}\n\n{self.verdict()}\n\n"
             f"Compute ceiling: {self.ceiling:,.0f} images/s{self.ceiling_note}. "
             f"Data: {self.n_images:,} images."

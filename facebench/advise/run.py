@@ -10,7 +10,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from facebench import loaders
+from facebench import loaders, printable
 from facebench.advise.answer import Advice
 from facebench.advise.ceiling import measure_ceiling
 from facebench.advise.chart import chart
@@ -142,6 +142,7 @@ def _sample_data(root: Path, layout: Layout) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S")
+    printable.install()
     argv = sys.argv[1:] if argv is None else argv
     if {"-h", "--help"} & set(argv):
         import facebench.advise

@@ -68,7 +68,8 @@ def source_fingerprint(records: list[Record], root: Path) -> str:
             size, mtime = stat.st_size, stat.st_mtime_ns
         except OSError:
             size = mtime = -1
-        digest.update(f"{relative}\t{record.label}\t{size}\t{mtime}\n".encode())
+        # The name's bytes as the OS gives them: a name that is not UTF-8 hashes too.
+        digest.update(os.fsencode(f"{relative}\t{record.label}\t{size}\t{mtime}\n"))
     return digest.hexdigest()
 
 

@@ -20,7 +20,7 @@ import torch
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2 import functional
 
-from facebench.data.images import CELEBA_BOX, bad_image, decode_sample
+from facebench.data.images import CELEBA_BOX, bad_image, check_size, decode_sample
 from facebench.data.sources import CELEBA
 from facebench.data.transforms import RESIZE
 
@@ -38,9 +38,10 @@ _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _STANDALONE_MARKERS = frozenset(range(0xD0, 0xDA)) | {0x01}  # RSTn, SOI, EOI, TEM: no length
 
 
-def jpeg_components(data: bytes) -> int | None:
-    """The number of colour components of a JPEG (1 grey, 3 YCbCr/RGB, 4 CMYK/YCCK), read from
-    its start-of-frame header; None if the bytes are not a JPEG with a readable header."""
+def jpeg_header(data: bytes) -> tuple[int, int, int] | None:
+    """(colour components, width, height) of a JPEG, read from its start-of-frame header; None
+    if the bytes are not a JPEG with a readable header. Components: 1 grey, 3 YCbCr/RGB, 4
+    CMYK/YCCK."""
     if not data.startswith(b"\xff\xd8"):
         return None
     at = 2
@@ -56,8 +57,31 @@ def jpeg_components(data: bytes) -> int | None:
             continue
         length = int.from_bytes(data[at + 2 : at + 4], "big")
         if marker in _SOF_MARKERS:
-            return data[at + 9] if at + 9 < len(data) else None
+            if at + 9 >= len(data):
+                return None
+            height = int.from_bytes(data[at + 5 : at + 7], "big")
+            width = int.from_bytes(data[at + 7 : at + 9], "big")
+            return data[at + 9], width, height
         at += 2 + length
+    return None
+
+
+def jpeg_components(data: bytes) -> int | None:
+    """The number of colour components of a JPEG (see jpeg_header), or None."""
+    header = jpeg_header(data)
+    return header[0] if header else None
+
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def encoded_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from a JPEG's or PNG's header, without decoding; None for other bytes."""
+    header = jpeg_header(data)
+    if header is not None:
+        return header[1], header[2]
+    if data[:8] == _PNG_SIGNATURE and data[12:16] == b"IHDR" and len(data) >= 24:
+        return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     return None
 
 
@@ -67,7 +91,9 @@ def decode_resized(
     """Encoded image bytes -> (112, 112, 3) uint8 (or `size`), HWC, as the article prepared it."""
     if not data:
         raise bad_image(name, ValueError("empty file"))
-    if jpeg_components(data) in (1, 3):
+    header = jpeg_header(data)
+    if header is not None and header[0] in (1, 3):
+        check_size(header[1], header[2], name)  # before anything is decoded
         encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)  # a writable copy
         try:
             image = decode_image(encoded, mode=ImageReadMode.RGB)  # (3, H, W) uint8

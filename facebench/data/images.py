@@ -2,6 +2,12 @@
 
 A file that cannot be decoded raises DataError naming it, in whichever process decodes it; the
 DataLoader carries that to the main process, which reports it in one line.
+
+An image larger than data.max_pixels is a bad sample too, found from its header before anything
+is decoded: a PNG of one colour can declare 20,000 x 20,000 pixels in a few hundred KB and ask
+for over a GB to decode (a decompression bomb). The limit is set once per job, before any worker
+is forked, and so holds in every worker, as PIL's own Image.MAX_IMAGE_PIXELS does; PIL's check
+is left off, since this one comes first and names the file.
 """
 
 from __future__ import annotations
@@ -12,11 +18,48 @@ from PIL import Image, UnidentifiedImageError
 
 from facebench.data.sources import CELEBA
 from facebench.errors import DataError
+from facebench.printable import printable
 
 # CelebA's aligned faces are framed more loosely than DigiFace1M's: this 128x128 box
 # (left, top, right, bottom) brings them to a similar crop, as the article did.
 CELEBA_BOX = (25, 45, 153, 173)
-_DECODE_ERRORS = (OSError, UnidentifiedImageError, SyntaxError, ValueError)
+_DECODE_ERRORS = (
+    OSError,
+    UnidentifiedImageError,
+    SyntaxError,
+    ValueError,
+    Image.DecompressionBombError,
+)
+# Far above any face or photo data set's images (a 24-megapixel camera's are 24,000,000), far
+# below what a few hundred KB of PNG can declare. 0 lifts the limit.
+DEFAULT_MAX_PIXELS = 50_000_000
+_max_pixels = DEFAULT_MAX_PIXELS
+Image.MAX_IMAGE_PIXELS = None  # facebench's own check (check_size) comes first
+
+
+def set_max_pixels(limit: int) -> None:
+    """The largest image, in pixels, this process and the workers it forks will decode."""
+    global _max_pixels
+    _max_pixels = limit
+
+
+def within_limit(width: int, height: int) -> bool:
+    return not _max_pixels or width * height <= _max_pixels
+
+
+def check_size(width: int, height: int, path: str) -> None:
+    """Refuse an image whose header declares more pixels than data.max_pixels."""
+    if not within_limit(width, height):
+        reason = (
+            f"{width:,} x {height:,} pixels ({width * height / 1e6:,.1f} megapixels) is over "
+            f"data.max_pixels={_max_pixels:,}"
+        )
+        raise BadImage(
+            f"{printable(path)}: {reason} (a decompression bomb, or far larger than this data "
+            "set's images). Raise data.max_pixels (0 lifts it), or run with on_bad_sample=skip "
+            "to leave such files out",
+            reason,
+        )
 
 
 def as_sample(image: Image.Image, source: str) -> Image.Image:
@@ -40,8 +83,8 @@ class BadImage(DataError):
 def bad_image(path: str, error: Exception) -> BadImage:
     reason = f"cannot decode this image ({type(error).__name__}: {error})"
     return BadImage(
-        f"{path}: {reason}. Replace or remove the file, or run with on_bad_sample=skip to leave "
-        "such files out",
+        f"{printable(path)}: {reason}. Replace or remove the file, or run with "
+        "on_bad_sample=skip to leave such files out",
         reason,
     )
 
@@ -49,12 +92,17 @@ def bad_image(path: str, error: Exception) -> BadImage:
 def open_sample(path: str, source: str) -> Image.Image:
     """The decoded RGB image of one record: CelebA cropped to 128x128, DigiFace RGBA -> RGB."""
     try:
-        with Image.open(path) as image:
+        with Image.open(path) as image:  # reads the header only
+            check_size(*image.size, path)
             return as_sample(image, source)
     except FileNotFoundError:
         raise DataError(
-            f"{path}: image not found (listed in the labels or found earlier). Restore it, or "
-            "run with on_bad_sample=skip"
+            f"{printable(path)}: image not found (listed in the labels or found earlier). "
+            "Restore it, or run with on_bad_sample=skip"
+        ) from None
+    except IsADirectoryError:
+        raise DataError(
+            f"{printable(path)}: a folder, not an image file. Point the labels at image files"
         ) from None
     except _DECODE_ERRORS as error:
         raise bad_image(path, error) from None
@@ -63,7 +111,8 @@ def open_sample(path: str, source: str) -> Image.Image:
 def decode_sample(data: bytes, source: str, name: str = "<bytes>") -> Image.Image:
     """The same from a file's bytes (as read from a tar shard); `name` is used in errors."""
     try:
-        with Image.open(io.BytesIO(data)) as image:
+        with Image.open(io.BytesIO(data)) as image:  # reads the header only
+            check_size(*image.size, name)
             return as_sample(image, source)
     except _DECODE_ERRORS as error:
         raise bad_image(name, error) from None

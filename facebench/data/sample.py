@@ -48,7 +48,7 @@ def sample_tree(
     if n >= len(records):
         return root
     what = f"{root.resolve()}\t{len(records)}\t{n}\t{seed}\t{layout.kind}\t{layout.labels}"
-    key = hashlib.sha256(what.encode()).hexdigest()
+    key = hashlib.sha256(os.fsencode(what)).hexdigest()
     target = cache / "samples" / f"{key[:16]}-n{n}"
     if target.is_dir():
         return target

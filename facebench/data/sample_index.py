@@ -10,12 +10,14 @@ to send to every worker.
 from __future__ import annotations
 
 import hashlib
+import os
 
 import numpy as np
 
 
 def _key(path: str) -> int:
-    return int.from_bytes(hashlib.blake2b(path.encode(), digest_size=8).digest(), "little")
+    # The name's bytes as the OS gives them, whether or not they are UTF-8.
+    return int.from_bytes(hashlib.blake2b(os.fsencode(path), digest_size=8).digest(), "little")
 
 
 class SampleIndex:

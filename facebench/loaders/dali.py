@@ -31,8 +31,8 @@ import torch
 from PIL import Image
 
 from facebench.config import LoaderConfig
-from facebench.data.fast_decode import jpeg_components
-from facebench.data.images import CELEBA_BOX, decode_sample
+from facebench.data.fast_decode import encoded_size, jpeg_components
+from facebench.data.images import CELEBA_BOX, check_size, decode_sample
 from facebench.data.sources import CELEBA, Record, records_by_source
 from facebench.errors import FacebenchError
 from facebench.loaders.base import Batch, LoaderContext, batch_offsets, usable
@@ -51,14 +51,16 @@ _BOX_SHAPE = np.array(
 
 def dali_ready(data: bytes) -> bool:
     """Whether DALI decodes these bytes to PIL's pixels: grey or colour JPEGs, 8-bit PNGs."""
-    if data[:8] == _PNG:
+    if data[:8] == _PNG and data[12:16] == b"IHDR":
         return len(data) > 26 and (data[24], data[25]) in _PLAIN_PNG
     return jpeg_components(data) in (1, 3)
 
 
 def as_dali_input(data: bytes, name: str) -> bytes:
-    """The bytes DALI decodes: as they are, or PIL's RGB decoding as a lossless PNG."""
+    """The bytes DALI decodes: as they are, or PIL's RGB decoding as a lossless PNG. An image
+    over data.max_pixels is refused from its header either way."""
     if dali_ready(data):
+        check_size(*encoded_size(data), name)
         return data
     image = decode_sample(data, "", name)  # RGB, uncropped: DALI crops CelebA's box itself
     buffer = io.BytesIO()

@@ -14,6 +14,7 @@ runs the article's PIL transform per sample.
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import weakref
@@ -204,6 +205,7 @@ class Watched:
             if watcher.is_alive():
                 watcher.join()
             self._drop_unsent()
+            self._shut_down()
 
     def _drop_unsent(self) -> None:
         """Let the process exit without sending what the workers will never read.
@@ -217,6 +219,17 @@ class Watched:
             queue = getattr(mapper, name, None)
             if hasattr(queue, "cancel_join_thread"):  # process workers; thread queues need none
                 queue.cancel_join_thread()
+
+    def _shut_down(self) -> None:
+        """Stop the mapper's threads and workers now, and collect what is left of this epoch's
+        pipeline here. Left to the garbage collector, its iterator was copied into the workers
+        the next epoch forks, and its finalizer ran there, failing on processes that are not
+        the copy's children (an "Exception ignored" traceback from each worker)."""
+        mapper = self._mapper_iter()
+        if mapper is not None:
+            mapper._shutdown()
+        self.loader = self.mapper = None
+        gc.collect()
 
     def _mapper_iter(self) -> Any:
         """The running _ParallelMapperIter (ParallelMapper -> _ParallelMapperImpl -> iter)."""

@@ -16,6 +16,7 @@ device it is ignored, with a warning.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,7 +118,7 @@ class Decode:
             # Grey or colour JPEGs go to nvJPEG; CMYK ones and anything else decode here, as
             # decode_resized does, so every loader gives the same pixels.
             return torch.frombuffer(bytearray(data), dtype=torch.uint8), label, sample_id
-        source_path = sample.get("path", b"").decode(errors="replace")
+        source_path = os.fsdecode(sample.get("path", b""))
         name = f"{source_path} (sample {sample['__key__']} of {sample.get('__url__')})"
         if self.decoder == "pil":
             return self.transform(decode_sample(data, source, name)), label, sample_id

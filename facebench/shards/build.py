@@ -35,10 +35,10 @@ from omegaconf import DictConfig
 from facebench.atomic import write_atomic
 from facebench.config import validate
 from facebench.data.check import Listing, list_usable, source_fingerprint
-from facebench.data.images import CELEBA_BOX
+from facebench.data.images import CELEBA_BOX, set_max_pixels
 from facebench.data.sources import FACES, Layout, Record
 from facebench.data.transforms import ARTICLE
-from facebench.errors import ConfigError, ShardError
+from facebench.errors import ConfigError, Interrupted, ShardError, interruption
 from facebench.parallel import map_in_processes
 from facebench.paths import cache_dir, data_layout, data_root, shards_root
 from facebench.progress import progress
@@ -92,7 +92,7 @@ def settings_for(
     resize: int = ARTICLE.resize,
 ) -> dict[str, Any]:
     """Everything besides the source files that decides what the shards hold."""
-    left_out = hashlib.sha256("\n".join(sorted(skipped or [])).encode()).hexdigest()
+    left_out = hashlib.sha256(os.fsencode("\n".join(sorted(skipped or [])))).hexdigest()
     settings = {
         "format": shard_format,
         "seed": seed,
@@ -401,21 +401,34 @@ def run_prepare(
     """prepare.py: build the shards for the configured data, or say they are up to date."""
     validate(cfg)
     format_module(cfg.format)
+    set_max_pixels(cfg.data.max_pixels)  # before any worker is forked: they inherit it
     n_procs = max(cfg.n_workers, 1)
     root = data_root(cfg.data, n_procs=n_procs)
     folder = shards_root(cfg.shards_dir, root, cfg.format)
-    shard_set = ensure_shards(
-        root,
-        folder,
-        cfg.format,
-        cfg.seed,
-        cfg.shard_size,
-        n_procs,
-        on_bad_sample=cfg.on_bad_sample,
-        cache=cache_dir(cfg.data.cache_dir),
-        layout=data_layout(cfg.data),
-        resize=cfg.transform.resize,
-    )
+    try:
+        shard_set = ensure_shards(
+            root,
+            folder,
+            cfg.format,
+            cfg.seed,
+            cfg.shard_size,
+            n_procs,
+            on_bad_sample=cfg.on_bad_sample,
+            cache=cache_dir(cfg.data.cache_dir),
+            layout=data_layout(cfg.data),
+            resize=cfg.transform.resize,
+        )
+    except BaseException as error:
+        stop = interruption(error)
+        if stop is None:
+            raise
+        outcome = (
+            f"nothing was written to {folder} (format={cfg.format} is built whole; the next "
+            "prepare.py starts it again)"
+            if format_module(cfg.format).WHOLE_SET
+            else f"shards finished so far in {folder} are kept; the next prepare.py resumes"
+        )
+        raise Interrupted.of(stop, outcome) from error
     verb = "built" if shard_set.built else "checked"
     log.info("%s %s in %.1f s", verb, folder, shard_set.seconds)
     if output_dir is not None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from facebench.data.images import CELEBA_BOX
+from facebench.data.images import CELEBA_BOX, within_limit
 from facebench.data.sources import CELEBA, Record
 from facebench.errors import ShardError
 
@@ -46,9 +46,10 @@ def _decoded_bytes(record: Record) -> int:
     try:
         with Image.open(record.path) as image:  # reads the header only
             width, height = image.size
-    except OSError:
+    except (OSError, ValueError, SyntaxError):
         return 0  # unreadable here: left out or reported elsewhere
-    return width * height * 3
+    # An image over data.max_pixels is refused when it is reached: it takes no room.
+    return width * height * 3 if within_limit(width, height) else 0
 
 
 def _file_bytes(record: Record) -> int:

@@ -9,6 +9,7 @@ workers. Members carry fixed metadata so the same input always gives the same by
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 
 from facebench.data.folder import FOLDER
@@ -46,5 +47,5 @@ def encode(samples: list[tuple[int, Record]], resize: int) -> bytes:
             with open(record.path, "rb") as file:
                 _member(tar, f"{key}.{extension}", file.read())
             _member(tar, f"{key}.cls", str(record.label).encode())
-            _member(tar, f"{key}.path", record.path.encode())
+            _member(tar, f"{key}.path", os.fsencode(record.path))  # any name the OS holds
     return buffer.getvalue()
