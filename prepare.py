@@ -10,7 +10,7 @@ import hydra
 from omegaconf import DictConfig
 
 from facebench.jobs import configure, run_job
-from facebench.shards.build import run_prepare
+from facebench.shards.prepare import run_prepare
 
 configure()
 

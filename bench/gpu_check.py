@@ -32,10 +32,6 @@ from pathlib import Path
 from common import machine, stamp, table, write_section
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-LOADERS = ["dataset", "datapipe", "pickle", "raw", "webdataset", "nodes", "dali", "litdata"]
-# A loader's own library, for the loaders that need one beyond the base install.
-LIBRARIES = {"dali": "nvidia.dali", "litdata": "litdata"}
-FORMAT_LIBRARIES = {"litdata": "litdata"}
 # Each mode's name, its folder, and its overrides.
 MODES = {
     "host only": ("host-only", ["model=none", "host_only=true"]),
@@ -54,14 +50,23 @@ def available(module: str) -> bool:
         return False
 
 
-def checkout_loaders() -> list[str]:
-    have = {path.stem for path in (PROJECT_ROOT / "conf" / "loader").glob("*.yaml")}
-    return [name for name in LOADERS if name in have]
-
-
 def known_loaders() -> list[str]:
-    """The loaders this checkout has, less those whose library is not installed here."""
-    return [name for name in checkout_loaders() if available(LIBRARIES.get(name, "torch"))]
+    """The loaders this checkout has (its registry), less those whose library is not
+    installed here. Imported late: the check of the required packages comes first."""
+    from facebench import loaders
+
+    return [name for name in loaders.names(real_only=True) if loaders.get(name).available()]
+
+
+def known_formats() -> list[str]:
+    """The shard formats, less those whose library is not installed here."""
+    from facebench.shards import formats
+
+    return [
+        name
+        for name in formats.names()
+        if formats.get(name).requires is None or formats.get(name).requires.available()
+    ]
 
 
 def run(command: list[str], env: dict[str, str], log: Path) -> subprocess.CompletedProcess:
@@ -170,11 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         summary = (tests.stdout.strip().splitlines() or ["(no output)"])[-1]
         lines.append(f"gpu-marked tests: {summary}")
-    from facebench.shards.build import FORMATS
-
-    for shard_format in FORMATS:
-        if not available(FORMAT_LIBRARIES.get(shard_format, "torch")):
-            continue
+    for shard_format in known_formats():
         prepare = [
             sys.executable,
             "prepare.py",
@@ -187,8 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         result = run(prepare, env, scratch / f"prepare-{shard_format}.log")
         if result.returncode != 0:
             lines.append(f"prepare.py format={shard_format} failed: see {scratch}")
+    from facebench import loaders as registry
+
     loaders = known_loaders()
-    skipped = [name for name in checkout_loaders() if name not in loaders]
+    skipped = [name for name in registry.names(real_only=True) if name not in loaders]
     rows = []
     for mode, (folder, overrides) in MODES.items():
         if dry and folder == "resnet50":

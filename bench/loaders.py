@@ -19,7 +19,10 @@ import tempfile
 
 from common import command_line, load_note, machine, run_train, stamp, table, write_section
 
-LOADERS = ["dataset", "datapipe", "pickle", "raw", "webdataset", "nodes", "dali", "litdata"]
+from facebench import loaders
+from facebench.loaders.spec import Handover
+
+LOADERS = loaders.names(real_only=True)  # the registry's, never written out
 
 
 def crop_normalize_limit(batch_size: int, seconds: float = 3.0) -> float:
@@ -179,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     shares = [
         f"{loader} (n_workers {workers}, {cache}) {100 * rate / limit:.0f}%"
         for loader, workers, host_only, cache, rate in rates
-        if host_only == "false" and loader in ("raw", "webdataset", "nodes", "dali", "litdata")
+        if host_only == "false" and loaders.get(loader).traits_for().handover == Handover.uint8
     ]
     text += f" Share of it reached: {'; '.join(shares)}.\n" if shares else "\n"
     if ceilings:

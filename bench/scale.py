@@ -24,11 +24,13 @@ from pathlib import Path
 
 from common import command_line, load_note, machine, run_train, stamp, table, write_section
 
+from facebench import loaders
 from facebench.data.synthetic import synthetic_root
 from facebench.paths import PROJECT_ROOT, cache_dir
+from facebench.shards import formats
 
-LOADERS = ["dataset", "datapipe", "pickle", "raw", "webdataset", "nodes", "dali", "litdata"]
-FORMATS = ["pickle", "raw", "tar", "litdata"]
+LOADERS = loaders.names(real_only=True)  # the registry's, never written out
+FORMATS = formats.names()
 
 
 def folder_bytes(folder: Path) -> int:

@@ -14,7 +14,7 @@ import math
 import re
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
@@ -69,13 +69,6 @@ class WorkerKind(StrEnum):
 class DataLayout(StrEnum):
     faces = "faces"  # CelebA/ + DigiFace1M/ in their published layouts
     folder = "folder"  # one folder per class (ImageFolder's layout), or a labels CSV
-
-
-class ShardFormat(StrEnum):
-    pickle = "pickle"  # the article's: pickled PIL images
-    raw = "raw"  # 112x112 uint8 records
-    tar = "tar"  # WebDataset tars of the original files
-    litdata = "litdata"  # LitData chunks of 112x112 uint8 samples
 
 
 E = TypeVar("E", bound=StrEnum)
@@ -187,8 +180,26 @@ class TrainConfig(CommonConfig):
 
 @dataclass
 class PrepareConfig(CommonConfig):
-    # Shard format to write.
-    format: ShardFormat = ShardFormat.pickle
+    # Shard format to write: pickle (the article's: pickled PIL images), raw (resized uint8
+    # records), tar (WebDataset tars of the original files), litdata (LitData chunks of resized
+    # uint8 samples; needs pip install -e '.[litdata]'). The formats are in shards/formats.py.
+    format: str = "pickle"
+    # Processes decoding and writing shards.
+    n_workers: int = 2
+
+
+@dataclass
+class AdviseConfig(TrainConfig):
+    """python -m facebench.advise: train.py's keys, and how much to measure."""
+
+    # Seconds for the whole answer: the compute ceiling, then every loader.
+    budget_s: float = 300.0
+    # Larger data sets are measured on a sample of this many images, linked into the cache.
+    sample_images: int = 20_000
+    # Loaders to measure (empty: every installed one), e.g. loaders=[dataset,raw].
+    loaders: list[str] = dataclasses.field(default_factory=list)
+    # Worker counts to try (empty: 1, 2, 4, ... up to the cores), e.g. workers=[1,2].
+    workers: list[int] = dataclasses.field(default_factory=list)
 
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
@@ -199,6 +210,7 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="prepare_schema", node=PrepareConfig)
+    cs.store(name="advise_schema", node=AdviseConfig)
     cs.store(group="data", name="data_schema", node=DataConfig)
     cs.store(group="loader", name="loader_schema", node=LoaderConfig)
 
@@ -248,6 +260,13 @@ def _transform_problems(transform: DictConfig | None) -> list[str]:
     return problems
 
 
+def typed(cfg: DictConfig) -> Any:
+    """The composed config, checked, as the objects of its schemas (TrainConfig, PrepareConfig
+    or AdviseConfig, with the chosen loader's options class): what every job receives."""
+    validate(cfg)
+    return OmegaConf.to_object(cfg)
+
+
 def validate(cfg: DictConfig) -> None:
     """Check the values a type cannot: one clear line per mistake, naming the key."""
     problems: list[str] = [
@@ -258,8 +277,32 @@ def validate(cfg: DictConfig) -> None:
     problems += _transform_problems(cfg.get("transform"))
     problems += _mode_problems(cfg)
     problems += _data_problems(cfg.data)
+    problems += _choice_problems(cfg)
     if problems:
         raise ConfigError("invalid config: " + "; ".join(problems))
+
+
+def _choice_problems(cfg: DictConfig) -> list[str]:
+    """Names that must be among the registered ones (shard formats, loaders) and advise's own
+    amounts."""
+    from facebench import loaders  # the registries import the schemas above
+    from facebench.shards import formats
+
+    problems = []
+    shard_format = OmegaConf.select(cfg, "format")
+    if shard_format is not None and shard_format not in formats.names():
+        problems.append(f"format={shard_format}: use one of {', '.join(formats.names())}")
+    for name in OmegaConf.select(cfg, "loaders") or []:
+        if name not in loaders.names(real_only=True):
+            choices = ", ".join(loaders.names(real_only=True))
+            problems.append(f"loaders: {name} is no loader; choose from {choices}")
+    for key in ("budget_s", "sample_images"):
+        value = OmegaConf.select(cfg, key)
+        if value is not None and value <= 0:
+            problems.append(f"{key}={value}: must be above 0")
+    if any(count < 1 for count in OmegaConf.select(cfg, "workers") or []):
+        problems.append(f"workers={list(cfg.workers)}: every worker count must be 1 or more")
+    return problems
 
 
 _AT_LEAST_ONE = (

@@ -17,8 +17,8 @@ import torch
 
 from facebench.data.transforms import ARTICLE, Geometry
 from facebench.finish import Finisher, Ready, finished_ahead_on_cpu
-from facebench.loader_failures import WorkerDeaths, explain, quiet_sigchld, restore_sigchld
 from facebench.loaders.base import Batch
+from facebench.loaders.failures import WorkerDeaths, explain, quiet_sigchld, restore_sigchld
 from facebench.meter import DeviceBusy, EpochMeter, EpochTimes
 from facebench.order import batch_label_diversity, order_corr
 from facebench.progress import epoch_progress
@@ -75,7 +75,7 @@ class EpochSettings:
 
 
 def run_epoch(
-    build_loader: Callable[[], Iterable[Batch]],
+    make_batches: Callable[[], Iterable[Batch]],
     trainer: Trainer | None,
     settings: EpochSettings,
 ) -> EpochResult:
@@ -88,7 +88,7 @@ def run_epoch(
     # inside the translation, and torch's SIGCHLD check raises only where the loop receives it.
     with WorkerDeaths() as deaths:
         try:
-            return _timed_epoch(build_loader, trainer, settings, deaths)
+            return _timed_epoch(make_batches, trainer, settings, deaths)
         except BaseException as error:
             failure = explain(error, settings.loader_name) if isinstance(error, Exception) else None
             previous = quiet_sigchld() if failure is not None else None
@@ -134,7 +134,7 @@ class _Seen:
 
 
 def _timed_epoch(
-    build_loader: Callable[[], Iterable[Batch]],
+    make_batches: Callable[[], Iterable[Batch]],
     trainer: Trainer | None,
     settings: EpochSettings,
     deaths: WorkerDeaths,
@@ -153,7 +153,7 @@ def _timed_epoch(
         # batch: the first wait is counted from the start of the epoch.
         asked_at = meter.started_at
         with settings.join or nullcontext():
-            batches = _feed(build_loader(), settings)
+            batches = _feed(make_batches(), settings)
             for batch, ready in batches:
                 meter.batch(asked_at, len(batch.labels))
                 deaths.check()
@@ -166,7 +166,7 @@ def _timed_epoch(
                 bar.update(len(batch.labels))
                 if settings.enough(meter.n_batches, meter.elapsed()):
                     break
-                asked_at = meter.waiting()
+                asked_at = meter.now()
             deaths.check()
         times = meter.stop()
         resources = monitor.stop(meter.ended_at)  # workers still alive: their counters count

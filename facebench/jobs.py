@@ -17,7 +17,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from facebench import loaders, parent_death, printable
-from facebench.config import register_configs
+from facebench.config import register_configs, typed
 from facebench.errors import FacebenchError, Interrupted, interruption
 
 log = logging.getLogger("facebench")
@@ -30,6 +30,11 @@ def configure() -> None:
     loaders.register_schemas()
     if not OmegaConf.has_resolver("facebench_run_dir"):
         OmegaConf.register_new_resolver("facebench_run_dir", run_dir)
+    # `experiment` is in train.yaml's defaults (so `experiment=article` needs no `+`), where
+    # Hydra refuses `+experiment=...`: the spelling that worked before still does.
+    sys.argv = [
+        arg.removeprefix("+") if arg.startswith("+experiment=") else arg for arg in sys.argv
+    ]
 
 
 def run_dir() -> str:
@@ -71,7 +76,7 @@ def run_job(task: Callable[..., T], cfg: DictConfig) -> T:
     output_dir = Path(HydraConfig.get().runtime.output_dir)
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
-        return task(cfg, output_dir=output_dir, sweep_id=sweep_id(), multirun=multirun)
+        return task(typed(cfg), output_dir=output_dir, sweep_id=sweep_id(), multirun=multirun)
     except BaseException as error:
         _end(error, multirun, distributed)
 

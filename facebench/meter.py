@@ -91,8 +91,8 @@ class EpochMeter:
     def elapsed(self) -> float:
         return self.clock() - self._start
 
-    def waiting(self) -> float:
-        """Call just before `next(loader)`; pass the result to `batch`."""
+    def now(self) -> float:
+        """The clock's reading: taken just before `next(loader)`, it is what `batch` takes."""
         return self.clock()
 
     def batch(self, asked_at: float, n_samples: int) -> None:

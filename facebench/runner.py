@@ -8,38 +8,27 @@ from __future__ import annotations
 import logging
 import random
 import statistics
-import time
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from facebench import loaders
-from facebench.config import validate
-from facebench.data.check import Listing, list_usable
-from facebench.data.images import set_max_pixels
-from facebench.data.sources import LabelSpace, Record
-from facebench.device import Precision, hardware_tags, resolve_device, resolve_precision
-from facebench.distributed import World, barrier, gather, join, whole_job, world_from_env
-from facebench.distributed import start as start_distributed
+from facebench.config import TrainConfig
+from facebench.data.job_data import prepare_data
+from facebench.data.records import LabelSpace
+from facebench.distributed import World, barrier, gather, join, whole_job
 from facebench.epoch import EpochSettings, run_epoch
-from facebench.errors import ConfigError, FacebenchError, Interrupted, interruption
+from facebench.errors import Interrupted, interruption
+from facebench.exactly_once import check_exactly_once
+from facebench.job import Job
 from facebench.loaders.base import LoaderContext
 from facebench.loaders.spec import LoaderSpec
 from facebench.pagecache import prepare_cache, resident_fraction
-from facebench.paths import cache_dir, data_layout, data_root
 from facebench.resources import check_workers
-from facebench.tracking import (
-    Tracker,
-    flatten,
-    git_commit,
-    tracking_uri,
-    ui_command,
-    write_results,
-)
+from facebench.tracking import Tracker, tracking_uri, ui_command, write_results
 from facebench.training import Trainer, build_trainer
 
 log = logging.getLogger(__name__)
@@ -57,66 +46,13 @@ ONCE = ("prepare_s", "samples_skipped", "listing_s")
 _RESIDENCY_SAMPLE = 2000  # files checked with mincore to report the cache state
 
 
-def run_name(cfg: DictConfig, precision: str) -> str:
-    """dataset-w5-bs600-fp16; the model is named when it is not the article's ResNet-50."""
-    name = f"{cfg.loader.name}-w{cfg.n_workers}-bs{cfg.batch_size}"
-    if cfg.model == "none":
-        return f"{name}-host-only" if cfg.host_only else f"{name}-loader-only"
-    name = f"{name}-{precision}"
-    return name if cfg.model == "resnet50" else f"{name}-{cfg.model}"
-
-
-@dataclass(frozen=True)
-class Job:
-    """Where and how this job runs: its place in a torchrun job, device and precision."""
-
-    world: World
-    device: torch.device
-    precision: Precision
-
-    @classmethod
-    def start(cls, cfg: DictConfig) -> Job:
-        world = world_from_env()
-        device = resolve_device(cfg.device, world.local_rank, world.distributed)
-        start_distributed(world, device)
-        return cls(world, device, resolve_precision(cfg.amp, device))
-
-    def name(self, cfg: DictConfig) -> str:
-        name = run_name(cfg, self.precision.name)
-        return f"{name}-x{self.world.world_size}" if self.world.distributed else name
-
-    def params(self, cfg: DictConfig) -> dict[str, Any]:
-        params: dict[str, Any] = flatten(OmegaConf.to_container(cfg, resolve=True))
-        params.update(
-            loader=cfg.loader.name,
-            data=cfg.data.name,
-            model=cfg.model,
-            amp_resolved=self.precision.name,  # `amp` is what was asked (auto, say)
-            amp_reason=self.precision.reason,
-            device_type=self.device.type,
-            world_size=self.world.world_size,
-        )
-        return params
-
-    def tags(self, sweep_id: str | None) -> dict[str, str]:
-        tags = {
-            **hardware_tags(self.device),
-            "torch_version": torch.__version__,
-            "git_commit": git_commit(),
-        }
-        if sweep_id:
-            tags["sweep_id"] = sweep_id
-        return tags
-
-
 def run_training(
-    cfg: DictConfig,
+    cfg: TrainConfig,
     output_dir: Path | None = None,
     sweep_id: str | None = None,
     multirun: bool = False,
 ) -> dict[str, float]:
     """Run the configured epochs `repeat` times; return the last epoch's metrics and summaries."""
-    validate(cfg)
     job = Job.start(cfg)
     if cfg.model != "none" and job.world.is_main:
         log.info("precision: %s on %s", job.precision.describe(), job.device)
@@ -163,26 +99,24 @@ def _say_where_to_compare(tracker: Tracker, sweep_id: str | None) -> None:
         log.info("(start the UI first: %s)", command)
 
 
-def _run(cfg: DictConfig, job: Job, tracker: Tracker, results: dict[str, Any]) -> None:
+def _run(cfg: TrainConfig, job: Job, tracker: Tracker, results: dict[str, Any]) -> None:
     _seed_everything(cfg.seed)
     data = prepare_data(cfg, job.world)
     metrics: dict[str, float] = results["metrics"]
     metrics.update(data.metrics())
-    if data.labels.classes:  # folder data: which class each label index stands for
-        results["classes"] = data.labels.class_map()
+    labels = data.listing.labels
+    if labels.classes:  # folder data: which class each label index stands for
+        results["classes"] = labels.class_map()
         tracker.log_dict(results["classes"], "classes.json")
     loader = loaders.get(cfg.loader.name)
-    ctx = loaders.context(
-        cfg, loader, data.root, data.records, data.labels, job.device, data.excluded, job.world
-    )
-    ctx.listing = data.listing  # shard builds reuse it rather than list the data again
-    metrics.update(build_loader(cfg, loader, ctx, job.world))
-    trainer = trainer_for(cfg, job, data.labels)
+    ctx = loaders.context(cfg, loader, data.listing, job.device, job.world)
+    metrics.update(prepare_loader(cfg, loader, ctx, job.world))
+    trainer = trainer_for(cfg, job, labels)
     log.info(
         "data %s (%d samples, %d classes), loader=%s, model=%s%s, %s on %s, cache=%s",
-        data.root,
-        len(data.records),
-        data.labels.n_classes,
+        ctx.data_root,
+        len(ctx.records),
+        labels.n_classes,
         cfg.loader.name,
         cfg.model,
         " (host only)" if cfg.host_only else "",
@@ -190,7 +124,7 @@ def _run(cfg: DictConfig, job: Job, tracker: Tracker, results: dict[str, Any]) -
         job.device,
         cfg.cache,
     )
-    per_epoch = measure(cfg, job, loader, ctx, trainer, tracker, data)
+    per_epoch = measure(cfg, job, loader, ctx, trainer, tracker)
     summary = summarise(per_epoch)
     metrics.update({**per_epoch[-1], **summary})  # the last epoch's, and the summaries
     tracker.log_metrics({**summary, **{k: v for k, v in metrics.items() if k in ONCE}})
@@ -198,64 +132,14 @@ def _run(cfg: DictConfig, job: Job, tracker: Tracker, results: dict[str, Any]) -
         log.warning("on_bad_sample=skip: %d samples were left out (samples_skipped)", data.skipped)
 
 
-@dataclass
-class Data:
-    """The run's samples, listed and checked once, before any clock starts."""
-
-    listing: Listing
-    listing_s: float
-
-    @property
-    def root(self) -> Path:
-        return self.listing.root
-
-    @property
-    def records(self) -> list[Record]:
-        return self.listing.usable.records
-
-    @property
-    def labels(self) -> LabelSpace:
-        return self.listing.labels
-
-    @property
-    def excluded(self) -> frozenset[str]:
-        return self.listing.usable.excluded
-
-    @property
-    def skipped(self) -> int:
-        return len(self.listing.usable.skipped)
-
-    def metrics(self) -> dict[str, float]:
-        return {"samples_skipped": float(self.skipped), "listing_s": self.listing_s}
-
-
-def prepare_data(cfg: DictConfig, world: World) -> Data:
-    """Generate (synthetic) or find the data, list every sample, check the files are usable."""
-    set_max_pixels(cfg.data.max_pixels)  # before any worker is forked: they inherit it
-    if not world.is_main:  # rank 0 generates (or checks) the data; the others wait and reuse it
-        barrier(world)
-    n_procs = max(cfg.n_workers, 1)
-    root = data_root(cfg.data, n_procs=n_procs)
-    started = time.perf_counter()
-    listing = list_usable(
-        root, cfg.on_bad_sample, cache_dir(cfg.data.cache_dir), n_procs, data_layout(cfg.data)
-    )
-    data = Data(listing, time.perf_counter() - started)
-    if len(data.records) < cfg.batch_size:
-        raise ConfigError(
-            f"batch_size={cfg.batch_size} is larger than the {len(data.records)} usable samples "
-            f"in {root}; with drop_last no batch would be delivered. Use a smaller batch_size "
-            "(or more data: data.n_images for the synthetic set)"
-        )
-    return data
-
-
-def build_loader(
-    cfg: DictConfig, loader: LoaderSpec, ctx: LoaderContext, world: World
+def prepare_loader(
+    cfg: TrainConfig, loader: LoaderSpec, ctx: LoaderContext, world: World
 ) -> dict[str, float]:
-    """The loader's preparation, outside the clock (shards built if missing), and the check that
-    its workers fit this machine. Rank 0 first: it builds what the others then reuse."""
-    metrics = loader.before_epoch(ctx)
+    """The loader's preparation, once per job, outside the clock: its library checked first,
+    its shards built if missing; then the check that its workers fit this machine. Rank 0
+    first: it builds what the others then reuse."""
+    loader.require(cfg.loader.name)
+    metrics = loader.prepare_job(ctx)
     if world.is_main:
         barrier(world)
     check_workers(
@@ -268,7 +152,7 @@ def build_loader(
     return metrics
 
 
-def trainer_for(cfg: DictConfig, job: Job, labels: LabelSpace) -> Trainer | None:
+def trainer_for(cfg: TrainConfig, job: Job, labels: LabelSpace) -> Trainer | None:
     if cfg.model == "none":
         return None
     return build_trainer(
@@ -284,23 +168,23 @@ def trainer_for(cfg: DictConfig, job: Job, labels: LabelSpace) -> Trainer | None
 
 
 def measure(
-    cfg: DictConfig,
+    cfg: TrainConfig,
     job: Job,
     loader: LoaderSpec,
     ctx: LoaderContext,
     trainer: Trainer | None,
     tracker: Tracker,
-    data: Data,
 ) -> list[dict[str, float]]:
     """Every measured epoch (repeat x epochs), each checked and logged as it ends."""
     files = loader.data_files(ctx)
+    labels = [record.label for record in ctx.records]
     settings = EpochSettings(
         device=job.device,
         geometry=ctx.geometry,
         max_batches=cfg.max_batches,
         sample_hz=cfg.sample_hz,
-        label_counts=np.bincount([r.label for r in data.records], minlength=data.labels.n_classes),
-        expected_images=len(data.records) if not cfg.max_batches else None,
+        label_counts=np.bincount(labels, minlength=ctx.labels.n_classes),
+        expected_images=len(ctx.records) if not cfg.max_batches else None,
         join=join(trainer.model if trainer else None),
         loader_name=cfg.loader.name,
         host_only=cfg.host_only,
@@ -308,13 +192,13 @@ def measure(
     per_epoch: list[dict[str, float]] = []
     n_measured = cfg.repeat * cfg.epochs
     for step in range(n_measured):
-        ctx.epoch = step
+        epoch_ctx = replace(ctx, epoch=step)  # reshuffles, identically on every rank
         if job.world.local_rank == 0:
             prepare_cache(cfg.cache, files)  # one page cache per machine: one rank prepares it
         barrier(job.world)
         cache_metrics = _cache_state(files)
-        settings.description = f"epoch {step + 1}/{n_measured}"
-        result = run_epoch(lambda: loader.build(ctx), trainer, settings)
+        settings = replace(settings, description=f"epoch {step + 1}/{n_measured}")
+        result = run_epoch(lambda c=epoch_ctx: loader.build(c), trainer, settings)
         epoch_metrics = {**result.metrics(), **cache_metrics}
         if job.world.distributed:
             epoch_metrics = _merge_ranks(job.world, epoch_metrics, result.ids)
@@ -323,7 +207,7 @@ def measure(
         if job.world.is_main:
             _log_epoch(step, epoch_metrics)
         if not cfg.max_batches and not loader.synthetic:
-            check_exactly_once(cfg, loader, len(data.records), epoch_metrics)
+            check_exactly_once(cfg, loader, len(ctx.records), epoch_metrics)
     return per_epoch
 
 
@@ -344,41 +228,6 @@ def _merge_ranks(
     if all(part is not None for part in all_ids):
         merged["samples_unique"] = float(len(np.unique(np.concatenate(all_ids))))
     return merged
-
-
-def check_exactly_once(
-    cfg: DictConfig, loader: LoaderSpec, n_samples: int, metrics: dict[str, float]
-) -> None:
-    """Fail loudly when an epoch repeated samples or delivered a different count than it must.
-
-    Loaders that batch in one place drop one remainder: exactly n - n % batch_size samples.
-    Loaders whose workers each batch their own shards drop up to one remainder per worker.
-    """
-    seen = int(metrics["samples_seen"])
-    unique = int(metrics.get("samples_unique", seen))
-    batch = cfg.batch_size
-    if unique != seen:
-        raise FacebenchError(
-            f"loader={cfg.loader.name} delivered {seen - unique} samples more than once in one "
-            "epoch; its results would misreport the pipeline. This is a bug in the loader"
-        )
-    world_size = int(metrics.get("world_size", 1))
-    if loader.batches_per_worker:
-        workers = max(cfg.n_workers, 1) * world_size
-        low, high = max(0, n_samples - workers * (batch - 1)), n_samples
-        ok = low <= seen <= high and seen % batch == 0
-        expected = f"between {low} and {high}, in whole batches"
-    else:
-        # Every rank gets the same whole number of batches.
-        whole = n_samples - n_samples % (batch * world_size)
-        ok = seen == whole
-        expected = str(whole)
-    if not ok:
-        raise FacebenchError(
-            f"loader={cfg.loader.name} delivered {seen} samples in an epoch, expected {expected} "
-            f"of {n_samples} (batch_size={batch}, n_workers={cfg.n_workers}); the run is not a "
-            "fair measurement. Check the shards (prepare.py) or report a bug"
-        )
 
 
 def summarise(per_epoch: list[dict[str, float]]) -> dict[str, float]:

@@ -11,13 +11,15 @@ import os
 import resource
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import torch
 from hydra import compose, initialize_config_dir
 
 from facebench import loaders
-from facebench.data.sources import read_records
+from facebench.config import typed
+from facebench.data.check import list_usable
 from facebench.epoch import EpochSettings, run_epoch
 from facebench.errors import FacebenchError
 from facebench.jobs import configure, install_process_handlers, user_message
@@ -56,12 +58,12 @@ def break_one(loader: str, mode: str, cache: str) -> None:
         "shard_size=50",
     ]
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=overrides)
+        cfg = typed(compose(config_name="train", overrides=overrides))
     root = data_root(cfg.data)
-    records, labels = read_records(root)
     module = loaders.get(loader)
-    ctx = loaders.context(cfg, module, root, records, labels, torch.device("cpu"))
-    module.before_epoch(ctx)
+    listing = list_usable(root, "raise", Path(cache))
+    ctx = loaders.context(cfg, module, listing, torch.device("cpu"))
+    module.prepare_job(ctx)
     me = psutil.Process()
 
     def build():

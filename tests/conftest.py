@@ -6,6 +6,7 @@ import io
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from PIL import Image
 
+from facebench.config import typed
 from facebench.data.synthetic import ensure_synthetic
 from facebench.jobs import configure
 from facebench.paths import PROJECT_ROOT
@@ -77,16 +79,22 @@ def synthetic_root(cache: Path) -> Path:
     return ensure_synthetic(cache, n_images=120, seed=0, n_procs=1)
 
 
-@pytest.fixture
-def make_cfg(cache: Path) -> Callable[..., DictConfig]:
-    """Compose train.yaml as train.py would, overridden to the cheapest settings."""
+def compose_config(*overrides: str, config_name: str = "train") -> DictConfig:
+    """train.yaml (or prepare.yaml, advise.yaml) composed as the entry point would."""
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides))
 
-    def make(*overrides: str, config_name: str = "train") -> DictConfig:
+
+@pytest.fixture
+def make_cfg(cache: Path) -> Callable[..., Any]:
+    """The typed config a job receives (composed and checked as train.py does), overridden to
+    the cheapest settings: what run_training, run_prepare and the loaders take."""
+
+    def make(*overrides: str, config_name: str = "train") -> Any:
         cheap = [f"data.cache_dir={cache}", "data.n_images=120"]
-        if config_name == "train":
+        if config_name != "prepare":
             cheap += ["device=cpu", "tracking=false", "n_workers=0", "batch_size=8", "model=none"]
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            return compose(config_name=config_name, overrides=cheap + list(overrides))
+        return typed(compose_config(*cheap, *overrides, config_name=config_name))
 
     return make
 

@@ -8,17 +8,45 @@ from pathlib import Path
 import torch
 
 from facebench import loaders
+from facebench.data.check import list_usable
 from facebench.data.images import open_sample
 from facebench.data.sources import FACES, Layout, read_records
 from facebench.data.transforms import ARTICLE, Geometry, article_transform
+from facebench.distributed import World
 from facebench.finish import Finisher
-from facebench.loaders.base import Batch
+from facebench.loaders.base import Batch, LoaderContext
+from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Workers
+from facebench.paths import cache_dir, data_layout
 
 Samples = dict[int, tuple[torch.Tensor, int]]
-# Every loader that reads real samples (all but the compute ceiling).
-LOADERS = [name for name in loaders.names() if name != "synthetic"]
-# Loaders whose workers are threads of the loop's process (no worker process to lose).
-THREADED = ["raw", "dali"]
+# Every loader that reads real samples (all but the compute ceiling), and its traits with its
+# default options: lists derived from the registry, never written out.
+LOADERS = loaders.names(real_only=True)
+TRAITS = {name: loaders.get(name).traits_for() for name in LOADERS}
+# Loaders with no worker process to lose (threads of the loop's process, or none).
+THREADED = [name for name in LOADERS if TRAITS[name].workers != Workers.processes]
+# torchvision.io or DALI decoding and resampling: the same pixels within a few grey levels.
+CLOSE = [name for name in LOADERS if TRAITS[name].pixels == Pixels.close]
+UINT8 = [name for name in LOADERS if TRAITS[name].handover == Handover.uint8]
+TOLERANCE = 4 / 255 / 0.225  # four grey levels, in normalized units
+
+
+def context(cfg, root: Path, device: str = "cpu", world: World | None = None) -> LoaderContext:
+    """The context the run would give cfg's loader over the data at root (listed and checked
+    once, as the runner does)."""
+    listing = list_usable(
+        root, cfg.on_bad_sample, cache_dir(cfg.data.cache_dir), 1, data_layout(cfg.data)
+    )
+    spec = loaders.get(cfg.loader.name)
+    return loaders.context(cfg, spec, listing, torch.device(device), world)
+
+
+def prepared(cfg, root: Path, device: str = "cpu") -> tuple[LoaderSpec, LoaderContext]:
+    """cfg's loader and its context, with the job's preparation done (shards built)."""
+    ctx = context(cfg, root, device)
+    spec = loaders.get(cfg.loader.name)
+    spec.prepare_job(ctx)
+    return spec, ctx
 
 
 def delivered(

@@ -10,13 +10,14 @@ forever, so a test can kill the build at a point it knows, with workers still bu
 from __future__ import annotations
 
 import functools
+import importlib
 import runpy
 import sys
 import time
+from dataclasses import replace
 
 from facebench.paths import PROJECT_ROOT
-from facebench.shards import litdata_format
-from facebench.shards.build import FORMATS
+from facebench.shards import formats, litdata_format
 
 
 def stall_after(function, n: int):
@@ -35,9 +36,10 @@ def stall_after(function, n: int):
 
 if __name__ == "__main__":
     entry, n, *overrides = sys.argv[1:]
-    for module in FORMATS.values():
-        if hasattr(module, "encode"):
-            module.encode = stall_after(module.encode, int(n))
+    for name in formats.names():
+        module = importlib.import_module(f"facebench.shards.{name}_format")
+        if module.FORMAT.encode is not None:
+            module.FORMAT = replace(module.FORMAT, encode=stall_after(module.FORMAT.encode, int(n)))
     litdata_format.Items.__call__ = stall_after(litdata_format.Items.__call__, int(n))
     sys.argv = [f"{entry}.py", *overrides]
     runpy.run_path(str(PROJECT_ROOT / f"{entry}.py"), run_name="__main__")

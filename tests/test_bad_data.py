@@ -15,8 +15,9 @@ from PIL import Image
 
 from facebench import resources
 from facebench.errors import ConfigError, DataError, FacebenchError
+from facebench.exactly_once import check_exactly_once
 from facebench.paths import PROJECT_ROOT
-from facebench.runner import check_exactly_once, run_training
+from facebench.runner import run_training
 from tests.helpers import LOADERS
 
 

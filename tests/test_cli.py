@@ -13,7 +13,6 @@ from hydra.errors import ConfigCompositionException
 from hydra.types import RunMode
 from omegaconf.errors import ValidationError
 
-from facebench.config import validate
 from facebench.errors import ConfigError
 from facebench.mlflow_views import read_view
 from facebench.paths import PROJECT_ROOT
@@ -166,15 +165,27 @@ def test_bad_config_fails_at_compose_time(make_cfg, override, error, says):
 )
 def test_bad_values_are_named(make_cfg, override, says):
     with pytest.raises(ConfigError, match=says):
-        validate(make_cfg(*override.split()))
+        make_cfg(*override.split())
 
 
 def test_the_article_experiment_is_its_sweep():
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
-        cfg = compose("train", ["+experiment=article"], return_hydra_config=True)
+        cfg = compose("train", ["experiment=article"], return_hydra_config=True)
     assert cfg.hydra.mode == RunMode.MULTIRUN
     assert cfg.hydra.sweeper.params == {"loader": "dataset,datapipe,pickle", "n_workers": "5,10"}
     assert (cfg.batch_size, cfg.model, cfg.amp) == (600, "resnet50", "auto")
+
+
+@pytest.mark.parametrize("spelling", ["experiment=article", "+experiment=article"])
+def test_the_article_experiment_is_chosen_with_or_without_a_plus(spelling):
+    result = subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "train.py"), spelling, "--cfg", "hydra"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "mode: MULTIRUN" in result.stdout and "loader: dataset,datapipe,pickle" in result.stdout
 
 
 @pytest.mark.slow

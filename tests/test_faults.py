@@ -19,7 +19,6 @@ import mlflow
 import numpy as np
 import psutil
 import pytest
-import torch
 
 from facebench import loaders
 from facebench.data.sources import read_records
@@ -29,7 +28,7 @@ from facebench.paths import PROJECT_ROOT
 from facebench.shards import room
 from facebench.shards.build import ensure_shards
 from facebench.shards.manifest import Manifest
-from tests.helpers import HOLD_LOCK, delivered
+from tests.helpers import HOLD_LOCK, context, delivered, prepared
 
 pytestmark = pytest.mark.slow
 
@@ -65,9 +64,7 @@ def test_killed_prepare_is_refused_then_finished(
         "n_workers=0",
         "batch_size=4",
     )
-    records, labels = read_records(synthetic_root)
-    module = loaders.get(cfg.loader.name)
-    ctx = loaders.context(cfg, module, synthetic_root, records, labels, torch.device("cpu"))
+    module, ctx = loaders.get(cfg.loader.name), context(cfg, synthetic_root)
     # Kill points: after a random number of shards, rising, so every build gets further.
     rng = random.Random(shard_format)
     targets = sorted(rng.sample(range(1, 29), 5))  # of 30 shards
@@ -270,10 +267,7 @@ def test_random_damage_never_passes_silently(tmp_path, synthetic_root, make_cfg)
                 "batch_size=4",
             )
             try:
-                records, labels = read_records(root)
-                module = loaders.get(loader)
-                ctx = loaders.context(cfg, module, root, records, labels, torch.device("cpu"))
-                module.before_epoch(ctx)
+                module, ctx = prepared(cfg, root)
                 if kind == 2 and module.shard_format is not None:  # damage a built shard
                     shard = sorted(
                         p
@@ -289,7 +283,7 @@ def test_random_damage_never_passes_silently(tmp_path, synthetic_root, make_cfg)
                 assert str(error), "an error with no explanation"
                 continue
             for sample_id, (_, label) in seen.items():
-                record = records[sample_id]
+                record = ctx.records[sample_id]
                 # What the (possibly damaged) label file says is what must arrive; where the
                 # label file is intact, that is the true label.
                 assert label == record.label

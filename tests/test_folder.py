@@ -6,11 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from PIL import Image
 
 from facebench import loaders
-from facebench.config import validate
 from facebench.data.folder import csv_records, folder_records
 from facebench.data.sources import Layout, read_records
 from facebench.data.synthetic import ensure_synthetic
@@ -18,7 +16,7 @@ from facebench.data.transforms import Geometry
 from facebench.errors import ConfigError, DataError
 from facebench.runner import run_training
 from facebench.shards.manifest import Manifest
-from tests.helpers import LOADERS, assert_same_samples, delivered, expected
+from tests.helpers import LOADERS, assert_same_samples, context, delivered, expected, prepared
 
 FOLDER = Layout("folder")
 CLOSE = ["webdataset", "nodes", "dali"]  # torchvision.io or DALI decoding: within 4 grey levels
@@ -150,17 +148,14 @@ def test_every_loader_reads_a_folder_set_once_with_the_same_pixels(make_cfg, fol
         "n_workers=2",
         "batch_size=4",
     )
-    records, labels = read_records(folder_root, FOLDER)
-    spec = loaders.get(name)
-    ctx = loaders.context(cfg, spec, folder_root, records, labels, torch.device("cpu"))
-    spec.before_epoch(ctx)  # builds its shard format from the folder set
+    spec, ctx = prepared(cfg, folder_root)
     seen = delivered(spec.build(ctx))
     truth = expected(folder_root, FOLDER)
     assert len(seen) >= 120 - 2 * 3  # one partial batch per worker, where workers batch
     assert_same_samples(seen, truth, atol=TOLERANCE if name in CLOSE else 1e-5)
     if spec.shard_format:
         manifest = Manifest.read(ctx.shards_dir)
-        assert manifest.classes == list(labels.classes)  # the class map travels with the shards
+        assert manifest.classes == list(ctx.labels.classes)  # the class map travels with shards
 
 
 @pytest.mark.parametrize("name", ["dataset", "datapipe", "pickle"])
@@ -206,11 +201,9 @@ def test_every_loader_follows_the_configured_geometry(make_cfg, tmp_path, folder
         f"shards_dir={tmp_path}",
         *SMALL,
     )
-    records, labels = read_records(folder_root, FOLDER)
-    spec = loaders.get(name)
-    ctx = loaders.context(cfg, spec, folder_root, records, labels, torch.device("cpu"))
+    spec, ctx = loaders.get(name), context(cfg, folder_root)
     assert ctx.geometry == Geometry(64, 48, (0.5, 0.4, 0.3), (0.25, 0.2, 0.3))
-    spec.before_epoch(ctx)
+    spec.prepare_job(ctx)
     seen = delivered(spec.build(ctx), geometry=ctx.geometry)
     assert all(image.shape == (3, 48, 48) for image, _ in seen.values())
     truth = expected(folder_root, FOLDER, ctx.geometry)
@@ -226,10 +219,7 @@ def test_raw_shards_follow_transform_resize(make_cfg, tmp_path, folder_root):
             f"shards_dir={tmp_path}",
             *overrides,
         )
-        spec = loaders.get("raw")
-        records, labels = read_records(folder_root, FOLDER)
-        ctx = loaders.context(cfg, spec, folder_root, records, labels, torch.device("cpu"))
-        spec.before_epoch(ctx)
+        spec, ctx = prepared(cfg, folder_root)
         return Manifest.read(ctx.shards_dir)
 
     assert build().settings["resize"] == 112
@@ -250,5 +240,5 @@ def test_raw_shards_follow_transform_resize(make_cfg, tmp_path, folder_root):
 )
 def test_a_bad_geometry_is_named(make_cfg, override, says):
     with pytest.raises(ConfigError) as error:
-        validate(make_cfg(override))
+        make_cfg(override)
     assert says in str(error.value)

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from facebench import loaders
-from facebench.data.sources import read_records
-from tests.helpers import assert_same_samples, delivered, expected
+from tests.helpers import assert_same_samples, delivered, expected, prepared
 
 pytestmark = pytest.mark.gpu
 TOLERANCE = 4 / 255 / 0.225
@@ -34,12 +32,11 @@ def test_device_paths_deliver_the_same_samples(make_cfg, synthetic_root, name, o
         "device=cuda",
         *options,
     )
-    records, labels = read_records(synthetic_root)
     module = loaders.get(name)
     if not module.available():
         pytest.skip(f"loader={name}'s library is not installed")
-    ctx = loaders.context(cfg, module, synthetic_root, records, labels, torch.device("cuda"))
-    module.before_epoch(ctx)
+    module, ctx = prepared(cfg, synthetic_root, "cuda")
+    records = ctx.records
     batches = list(module.build(ctx))
     if name == "dali":  # decoded by nvJPEG: already on the GPU
         assert all(batch.images.is_cuda for batch in batches)

@@ -13,12 +13,9 @@ import io
 import numpy as np
 import png  # pypng: PIL cannot write interlaced or 16-bit RGB PNGs
 import pytest
-import torch
 from PIL import Image
 
-from facebench import loaders
-from facebench.data.sources import read_records
-from tests.helpers import assert_same_samples, delivered, expected
+from tests.helpers import assert_same_samples, delivered, expected, prepared
 
 # torchvision.io + tensor resampling round a little differently from PIL (4 grey levels).
 TOLERANCE = 4 / 255 / 0.225
@@ -138,10 +135,7 @@ def test_every_loader_gives_dataset_pixels_for_every_image_pil_accepts(
         "shard_size=8",
         *options,
     )
-    records, labels = read_records(variants_root)
-    module = loaders.get(name)
-    ctx = loaders.context(cfg, module, variants_root, records, labels, torch.device("cpu"))
-    module.before_epoch(ctx)
+    module, ctx = prepared(cfg, variants_root)
     seen = delivered(module.build(ctx))
     truth = expected(variants_root)
     assert sorted(seen) == sorted(truth)

@@ -7,27 +7,19 @@ import torch
 
 from facebench import loaders
 from facebench.config import LoaderConfig
-from facebench.data.sources import read_records
 from facebench.errors import ConfigError
-from facebench.loaders.base import LoaderContext
-from facebench.loaders.spec import LoaderSpec
+from facebench.loaders.spec import LoaderSpec, Traits
 from facebench.runner import run_training
-from tests.helpers import assert_same_samples, delivered, expected
-
-# pixel for pixel the article's preprocessing
-EXACT = ["dataset", "datapipe", "pickle", "raw", "litdata"]
-# torchvision.io + tensor resampling, or DALI's decoders and resize: the same libraries decode,
-# resampling rounds a little differently.
-CLOSE = ["webdataset", "nodes", "dali"]
-LOADERS = EXACT + CLOSE
-UINT8 = ["raw", "webdataset", "nodes", "dali", "litdata"]  # the device finishes their batches
-TOLERANCE = 4 / 255 / 0.225  # four grey levels, in normalized units
-
-
-def context(cfg, root) -> LoaderContext:
-    records, labels = read_records(root)
-    module = loaders.get(cfg.loader.name)
-    return loaders.context(cfg, module, root, records, labels, torch.device("cpu"))
+from tests.helpers import (
+    CLOSE,
+    LOADERS,
+    TOLERANCE,
+    UINT8,
+    assert_same_samples,
+    delivered,
+    expected,
+    prepared,
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +35,7 @@ def _epoch(make_cfg, synthetic_root, name, n_workers, batch_size):
         f"n_workers={n_workers}",
         f"batch_size={batch_size}",
     )
-    module = loaders.get(name)
-    ctx = context(cfg, synthetic_root)
-    module.before_epoch(ctx)
+    module, ctx = prepared(cfg, synthetic_root)
     return delivered(module.build(ctx))
 
 
@@ -83,6 +73,7 @@ def test_every_configured_loader_declares_its_contract():
         spec = loaders.get(name)
         assert isinstance(spec, LoaderSpec), name
         assert issubclass(spec.options, LoaderConfig), name
+        assert isinstance(spec.traits_for(), Traits), name
 
 
 def test_a_module_without_a_contract_is_refused(tmp_path, monkeypatch):
@@ -104,9 +95,7 @@ def test_host_only_delivers_every_sample_once_as_a_gpu_run_receives_it(make_cfg,
 @pytest.mark.parametrize("name", LOADERS)
 def test_the_device_finishes_the_loaders_that_hand_over_uint8(make_cfg, synthetic_root, name):
     cfg = make_cfg(f"loader={name}", "shard_size=32", "batch_size=4")
-    module = loaders.get(name)
-    ctx = context(cfg, synthetic_root)
-    module.before_epoch(ctx)
+    module, ctx = prepared(cfg, synthetic_root)
     batch = next(iter(module.build(ctx)))
     if name in UINT8:
         assert batch.images.dtype == torch.uint8 and batch.images.shape[1:] == (112, 112, 3)

@@ -64,7 +64,7 @@ def _timed(waits: list[float], step_s: float, batch_size: int = 16) -> EpochTime
         clock.now += wait
         meter.batch(asked_at, batch_size)
         clock.now += step_s
-        asked_at = meter.waiting()
+        asked_at = meter.now()
     return meter.stop()
 
 

@@ -17,7 +17,7 @@ from facebench.errors import DataError, FacebenchError
 from facebench.jobs import user_message
 from facebench.paths import PROJECT_ROOT
 from facebench.runner import run_training
-from facebench.shards.build import run_prepare
+from facebench.shards.prepare import run_prepare
 from tests.helpers import LOADERS
 
 ODD = os.fsdecode(b"\xff\xfe")  # bytes that are not UTF-8, as the OS hands them to Python

@@ -3,12 +3,14 @@ was killed never blocks the next one."""
 
 from __future__ import annotations
 
+import importlib
 import logging
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -16,11 +18,11 @@ import pytest
 
 from facebench.errors import ShardError
 from facebench.paths import PROJECT_ROOT
-from facebench.shards import build, owned
+from facebench.shards import formats, owned
 from facebench.shards.build import ensure_shards
 from facebench.shards.manifest import Manifest
 
-FORMATS = list(build.FORMATS)
+FORMATS = formats.names()
 STALLED = Path(__file__).with_name("stalled_build.py")
 # What a user may keep beside the shards: plain notes, a folder, and names like facebench's.
 USER_FILES = {
@@ -63,11 +65,12 @@ def _assert_only_the_set_and_user_files(folder: Path) -> None:
 def _fail_after(monkeypatch, shard_format: str, n: int) -> None:
     """Make the next build of this format stop after n shards (n samples for litdata), as a
     Ctrl-C would stop it."""
-    module = build.FORMATS[shard_format]
+    module = importlib.import_module(f"facebench.shards.{shard_format}_format")
     if shard_format == "litdata":
-        monkeypatch.setattr(module, "write_set", _interrupted_write_set(module.write_set, n))
+        write_set = _interrupted_write_set(module.FORMAT.write_set, n)
+        monkeypatch.setattr(module, "FORMAT", replace(module.FORMAT, write_set=write_set))
         return
-    original = module.encode
+    original = module.FORMAT.encode
     calls = {"n": 0}
 
     def encode(samples, resize):
@@ -76,7 +79,7 @@ def _fail_after(monkeypatch, shard_format: str, n: int) -> None:
             raise KeyboardInterrupt
         return original(samples, resize)
 
-    monkeypatch.setattr(module, "encode", encode)
+    monkeypatch.setattr(module, "FORMAT", replace(module.FORMAT, encode=encode))
 
 
 def _interrupted_write_set(write_set, n: int):

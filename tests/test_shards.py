@@ -22,8 +22,9 @@ from facebench.jobs import user_message
 from facebench.loaders import pickle as pickle_loader
 from facebench.runner import run_training
 from facebench.shards import pickle_format
-from facebench.shards.build import ensure_shards, run_prepare
+from facebench.shards.build import ensure_shards
 from facebench.shards.manifest import MANIFEST, Manifest, read_verified
+from facebench.shards.prepare import run_prepare
 from tests.helpers import HOLD_LOCK
 
 
@@ -135,7 +136,7 @@ def test_loader_refuses_a_folder_without_manifest(make_cfg, data_copy, tmp_path)
     folder = tmp_path / "shards" / "pickle"
     ensure_shards(data_copy, folder, "pickle", shard_size=50)
     (folder / MANIFEST).unlink()  # as if prepare.py had been interrupted
-    from tests.test_loaders import context
+    from tests.helpers import context
 
     cfg = make_cfg("loader=pickle", f"shards_dir={tmp_path / 'shards'}")
     with pytest.raises(ShardError, match="no complete shard set .*python prepare.py"):
@@ -175,12 +176,12 @@ def test_shards_rebuilt_during_the_run_are_refused_in_one_line(
     happened, instead of a traceback for a deleted file or, worse, mixing two shard sets."""
     from facebench import loaders
     from facebench.loaders.shardsets import ShardsChanged
-    from tests.test_loaders import context
+    from tests.helpers import context
 
     cfg = make_cfg(f"loader={loader}", f"shards_dir={tmp_path}", "shard_size=20", "batch_size=4")
     module = loaders.get(loader)
     ctx = context(cfg, synthetic_root)
-    module.before_epoch(ctx)
+    module.prepare_job(ctx)
     batches = iter(module.build(ctx))
     next(batches)
     ensure_shards(ctx.data_root, ctx.shards_dir, ctx.shards_dir.name, seed=1, shard_size=20)
@@ -228,13 +229,12 @@ def test_raw_reads_the_shards_it_opened_even_if_they_are_rebuilt(
     """raw opens its shard files when the epoch starts: a rebuild meanwhile (new files under the
     same names) changes nothing in that epoch, which sees every sample once with its label."""
     from facebench import loaders
-    from tests.helpers import delivered
-    from tests.test_loaders import context
+    from tests.helpers import context, delivered
 
     cfg = make_cfg("loader=raw", f"shards_dir={tmp_path}", "shard_size=20", "batch_size=4")
     module = loaders.get("raw")
     ctx = context(cfg, synthetic_root)
-    module.before_epoch(ctx)
+    module.prepare_job(ctx)
     batches = iter(module.build(ctx))
     first = next(batches)
     ensure_shards(ctx.data_root, ctx.shards_dir, "raw", seed=1, shard_size=20)

@@ -13,10 +13,13 @@ import time
 from dataclasses import dataclass, replace
 
 from facebench import loaders
-from facebench.advise.configs import compose_run
+from facebench.advise.measure import with_loader
+from facebench.config import AdviseConfig, TrainConfig
+from facebench.data.job_data import JobData
 from facebench.epoch import EpochSettings, run_epoch
+from facebench.job import Job
 from facebench.loaders import synthetic
-from facebench.runner import Data, Job, trainer_for
+from facebench.runner import trainer_for
 from facebench.training import Trainer
 
 PROBE_BATCH = 8  # images per step while timing one step
@@ -47,11 +50,11 @@ class Ceiling:
         )
 
 
-def measure_ceiling(base: list[str], job: Job, data: Data, seconds: float) -> Ceiling:
+def measure_ceiling(cfg: AdviseConfig, job: Job, data: JobData, seconds: float) -> Ceiling:
     """The model's training rate with nothing to wait for, measured within about `seconds`."""
     started = time.perf_counter()
-    cfg = compose_run([*base, "loader=synthetic"])
-    trainer = trainer_for(cfg, job, data.labels)
+    cfg = with_loader(cfg, "synthetic")
+    trainer = trainer_for(cfg, job, data.listing.labels)
     asked = cfg.batch_size
     probe = min(asked, PROBE_BATCH)
     rate = _steps(cfg, job, data, trainer, probe, PROBE_STEPS)
@@ -76,9 +79,9 @@ def _fitting_batch(asked: int, fits: float) -> int:
 
 
 def _steps(
-    cfg,
+    cfg: TrainConfig,
     job: Job,
-    data: Data,
+    data: JobData,
     trainer: Trainer | None,
     batch: int,
     n_steps: int,
@@ -86,7 +89,7 @@ def _steps(
 ) -> float:
     """Images per second of n_steps training steps (or as many as time_limit_s allows) on one
     synthetic batch of this size, however small the data set is."""
-    ctx = loaders.context(cfg, CEILING, data.root, data.records, data.labels, job.device)
+    ctx = loaders.context(cfg, CEILING, data.listing, job.device)
     ctx = replace(ctx, batch_size=batch)
     settings = EpochSettings(
         job.device, sample_hz=0, time_limit_s=time_limit_s, geometry=ctx.geometry

@@ -9,10 +9,12 @@ import time
 from dataclasses import dataclass, field, replace
 
 from facebench import loaders
-from facebench.advise.configs import compose_run
+from facebench.config import AdviseConfig, TrainConfig
+from facebench.data.job_data import JobData
 from facebench.epoch import EpochSettings, run_epoch
+from facebench.job import Job
 from facebench.resources import usable_cores
-from facebench.runner import Data, Job, build_loader
+from facebench.runner import prepare_loader
 from facebench.shards.manifest import Manifest
 
 log = logging.getLogger("facebench.advise")
@@ -40,9 +42,10 @@ class Measured:
         return max(self.rates.items(), key=lambda item: item[1]) if self.rates else (0, 0.0)
 
 
-def worker_counts(requested: str) -> list[int]:
+def worker_counts(requested: list[int]) -> list[int]:
+    """The worker counts to try: those asked for, or 1, 2, 4, ... up to the cores."""
     if requested:
-        return sorted({int(w) for w in requested.split(",")})
+        return sorted(set(requested))
     cores = usable_cores()
     counts, step = {1, cores}, 2
     while step < cores:
@@ -51,23 +54,30 @@ def worker_counts(requested: str) -> list[int]:
     return sorted(counts)
 
 
+def with_loader(cfg: AdviseConfig, name: str, **changes: object) -> TrainConfig:
+    """The run's config with loader=<name> (its options' defaults, the run's crop and prefetch),
+    as `loader=<name>` on the command line would give."""
+    options = loaders.get(name).options(
+        name=name, crop=cfg.loader.crop, prefetch_factor=cfg.loader.prefetch_factor
+    )
+    return replace(cfg, loader=options, **changes)
+
+
 def measure_loader(
     name: str,
-    base: list[str],
+    cfg: AdviseConfig,
     job: Job,
-    data: Data,
+    data: JobData,
     counts: list[int],
     deadline: float,
     ceiling: float,
 ) -> Measured:
     """Shards first (timed apart), then the host-side rate at more and more workers."""
     measured = Measured(name)
-    cfg = compose_run([*base, f"loader={name}", "model=none", "host_only=true"])
+    cfg = with_loader(cfg, name, model="none", host_only=True)
     spec = loaders.get(name)
-    ctx = loaders.context(
-        cfg, spec, data.root, data.records, data.labels, job.device, data.excluded
-    )
-    build_loader(cfg, spec, ctx, job.world)
+    ctx = loaders.context(cfg, spec, data.listing, job.device)
+    prepare_loader(cfg, spec, ctx, job.world)
     manifest = Manifest.read(ctx.shards_dir) if spec.shard_format is not None else None
     if manifest is not None:
         measured.prepare_s = manifest.prepare_s  # as long as building took, now or before

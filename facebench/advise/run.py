@@ -1,27 +1,24 @@
-"""advise's run: data and its sample, the ceiling, each loader in turn, within the budget."""
+"""advise's job: the data and a subset of it, the ceiling, each loader in turn, within the budget;
+then the answer, written beside the run and logged to MLflow."""
 
 from __future__ import annotations
 
 import logging
-import sys
 import time
-from datetime import datetime
+from dataclasses import replace
 from pathlib import Path
 
-from omegaconf import DictConfig
-
-from facebench import loaders, printable
+from facebench import loaders
 from facebench.advise.answer import Advice
 from facebench.advise.ceiling import measure_ceiling
 from facebench.advise.chart import chart
-from facebench.advise.configs import compose_run, parse
 from facebench.advise.measure import RUN_S, Measured, measure_loader, worker_counts
-from facebench.data.sample import sample_tree
-from facebench.data.sources import Layout
+from facebench.config import AdviseConfig
+from facebench.data.job_data import JobData, prepare_data
+from facebench.data.subset import subset_tree
 from facebench.errors import ConfigError, FacebenchError
-from facebench.jobs import configure
+from facebench.job import Job
 from facebench.paths import PROJECT_ROOT, cache_dir, data_layout
-from facebench.runner import Data, Job, prepare_data
 from facebench.tracking import REPORTS_EXPERIMENT, Tracker
 
 log = logging.getLogger("facebench.advise")
@@ -29,24 +26,31 @@ log = logging.getLogger("facebench.advise")
 CEILING_SHARE = 0.15  # of the budget, at most, for the compute ceiling
 
 
-def advise(argv: list[str]) -> Advice:
+def run_advise(
+    cfg: AdviseConfig, output_dir: Path | None = None, **_: object
+) -> tuple[Advice, Path]:
+    """advise as a job: the answer, written to output_dir (and MLflow, unless tracking=false)."""
+    advice = advise(cfg)
+    out = record(advice, cfg.tracking, output_dir)
+    return advice, out
+
+
+def advise(cfg: AdviseConfig) -> Advice:
     """Measure the ceiling, then each loader, within budget_s; the answer."""
     started = time.perf_counter()
-    overrides, own = parse(argv)
-    counts = worker_counts(own["workers"])
-    overrides.append(f"n_workers={max(counts)}")  # what the resource check looks at
-    cfg = compose_run(overrides)
     if cfg.model == "none":
         raise ConfigError(
             "model=none: advise finds the loaders that keep a model fed, so it needs one: "
             "model=resnet50 (the article's) on a GPU, or model=resnet18 amp=off on a CPU"
         )
-    deadline = started + own["budget_s"]
+    counts = worker_counts(cfg.workers)
+    cfg = replace(cfg, n_workers=max(counts))  # what the resource check looks at
+    deadline = started + cfg.budget_s
     job = Job.start(cfg)
     full = prepare_data(cfg, job.world)
-    base, data = _sampled(cfg, overrides, full, job, own["sample_images"])
-    share = min(CEILING_SHARE * own["budget_s"], deadline - time.perf_counter())
-    ceiling = measure_ceiling(base, job, data, share)
+    cfg, data = _subset(cfg, full, job)
+    share = min(CEILING_SHARE * cfg.budget_s, deadline - time.perf_counter())
+    ceiling = measure_ceiling(cfg, job, data, share)
     log.info(
         "compute ceiling: %s trains at %.0f images/s on %s%s",
         cfg.model,
@@ -54,44 +58,54 @@ def advise(argv: list[str]) -> Advice:
         job.device,
         ceiling.note(),
     )
-    names = own["loaders"].split(",") if own["loaders"] else loaders.names(real_only=True)
-    measured = _each_loader(names, base, job, data, counts, deadline, ceiling.images_per_s)
+    names = cfg.loaders or loaders.names(real_only=True)
+    measured = _each_loader(names, cfg, job, data, counts, deadline, ceiling.images_per_s)
     return Advice(
         counts=counts,
-        model=cfg.model,
+        model=str(cfg.model),
         device=str(job.device),
         ceiling=ceiling.images_per_s,
-        n_images=len(full.records),
-        n_sample=len(data.records),
+        n_images=len(full.listing.usable.records),
+        n_sample=len(data.listing.usable.records),
         measured=measured,
         seconds=time.perf_counter() - started,
-        budget_s=own["budget_s"],
+        budget_s=cfg.budget_s,
         ceiling_s=ceiling.seconds,
         ceiling_note=ceiling.note(),
     )
 
 
-def _sampled(
-    cfg: DictConfig, overrides: list[str], full: Data, job: Job, sample_images: int
-) -> tuple[list[str], Data]:
-    """The overrides and the data advise measures with: the data itself, or a sample of it
-    linked into the cache when it is larger than sample_images."""
+def _subset(cfg: AdviseConfig, full: JobData, job: Job) -> tuple[AdviseConfig, JobData]:
+    """The config and data advise measures with: the data itself, or a subset of it linked into
+    the cache when it is larger than sample_images."""
     layout = data_layout(cfg.data)
-    cache = cache_dir(cfg.data.cache_dir)
-    root = sample_tree(
-        full.root, full.records, sample_images, cache, layout=layout, labels=full.labels
+    listing = full.listing
+    root = subset_tree(
+        listing.root,
+        listing.usable.records,
+        cfg.sample_images,
+        cache_dir(cfg.data.cache_dir),
+        layout=layout,
+        labels=listing.labels,
     )
-    if root == full.root:
-        return list(overrides), full
-    base = [*overrides, *_sample_data(root, layout)]
-    return base, prepare_data(compose_run(base), job.world)
+    if root == listing.root:
+        return cfg, full
+    folder = layout.kind == "folder"
+    data = replace(
+        cfg.data,
+        name="folder" if folder else "celeba_digiface",
+        root=str(root),
+        labels="labels.csv" if layout.labels else "",
+    )
+    cfg = replace(cfg, data=data)
+    return cfg, prepare_data(cfg, job.world)
 
 
 def _each_loader(
     names: list[str],
-    base: list[str],
+    cfg: AdviseConfig,
     job: Job,
-    data: Data,
+    data: JobData,
     counts: list[int],
     deadline: float,
     ceiling: float,
@@ -103,17 +117,20 @@ def _each_loader(
         if share <= RUN_S[0]:
             measured.append(Measured(name, note="budget spent before it"))
             continue
+        if not loaders.get(name).available():
+            measured.append(Measured(name, note="not installed"))
+            continue
         try:
             end = time.perf_counter() + share
-            measured.append(measure_loader(name, base, job, data, counts, end, ceiling))
+            measured.append(measure_loader(name, cfg, job, data, counts, end, ceiling))
         except FacebenchError as error:
             measured.append(Measured(name, note=f"failed: {error}"))
     return measured
 
 
 def record(advice: Advice, tracking: bool, out: Path | None = None) -> Path:
-    stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-    out = out or PROJECT_ROOT / "outputs" / "advise" / stamp
+    """advice.md and advice.png in `out`, and one run of the facebench-reports experiment."""
+    out = out or PROJECT_ROOT / "outputs" / "advise"
     out.mkdir(parents=True, exist_ok=True)
     (out / "advice.md").write_text(advice.markdown(), encoding="utf-8")
     if any(m.rates for m in advice.measured):
@@ -130,37 +147,3 @@ def record(advice: Advice, tracking: bool, out: Path | None = None) -> Path:
         tracker.log_artifact(out / "advice.md")
         tracker.log_artifact(out / "advice.png")
     return out
-
-
-def _sample_data(root: Path, layout: Layout) -> list[str]:
-    """The data overrides that read a sample tree written by sample_tree."""
-    if layout.kind == "folder":
-        labels = ["data.labels=labels.csv"] if layout.labels else ["data.labels="]
-        return ["data=folder", f"data.root={root}", *labels]
-    return ["data=celeba_digiface", f"data.root={root}"]
-
-
-def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S")
-    printable.install()
-    argv = sys.argv[1:] if argv is None else argv
-    if {"-h", "--help"} & set(argv):
-        import facebench.advise
-
-        print(facebench.advise.__doc__)
-        return
-    configure()
-    try:
-        own = parse(argv)[1]
-        advice = advise(argv)
-        tracking = "tracking=false" not in argv
-        out = record(advice, tracking, Path(own["out"]) if own["out"] else None)
-    except FacebenchError as error:
-        log.error("%s", error)
-        sys.exit(1)
-    sys.stdout.write("\n" + advice.markdown())
-    print(f"\n(written to {out})")
-
-
-if __name__ == "__main__":
-    main()

@@ -202,13 +202,3 @@ def read_records(
         folder = Path(root)
         return csv_records(folder, layout.labels) if layout.labels else folder_records(folder)
     return read_faces(root)
-
-
-def records_by_source(
-    root: str | os.PathLike, labels: LabelSpace, layout: Layout = FACES
-) -> list[list[Record]]:
-    """The samples listed again, one list per source, for loaders that list inside the clock as
-    the article's did: CelebA from its label file, then DigiFace1M; or the folder's."""
-    if layout.kind == "folder":
-        return [read_records(root, layout)[0]]
-    return [celeba_records(root, labels), digiface_records(root, labels)]

@@ -1,22 +1,21 @@
-"""The loaders: one module each, named by its YAML file in conf/loader/.
+"""The loaders: one module each, named by its YAML file in conf/loader/, and those registered.
 
 A loader module defines `LOADER`, a `LoaderSpec` (facebench/loaders/spec.py): its options
-schema, `build(ctx)` (one epoch's batches, called inside the clock), `worker_memory(ctx)`, and
-what it needs before the clock (the shard format it reads, or its own preparation). Adding a
-loader is one module here and one YAML file in conf/loader/ whose defaults list names
-`<module>_schema`.
+schema, `build(ctx)` (one epoch's batches, called inside the clock), `worker_memory(ctx)`, its
+traits, and what it needs before the clock (the shard format it reads, or its own preparation).
+Adding a loader is one module here and one YAML file in conf/loader/ whose defaults list names
+`<module>_schema`; a loader kept elsewhere (a plugin, a test's) is added with `register`.
 """
 
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 
 import torch
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig
 
-from facebench.data.sources import LabelSpace, Record
+from facebench.config import TrainConfig
+from facebench.data.check import Listing
 from facebench.data.transforms import Geometry, article_transform
 from facebench.distributed import World
 from facebench.errors import ConfigError
@@ -25,18 +24,21 @@ from facebench.loaders.spec import LoaderSpec
 from facebench.paths import PROJECT_ROOT, cache_dir, data_layout, shards_root
 
 CONFIGS = PROJECT_ROOT / "conf" / "loader"
+_registered: dict[str, LoaderSpec] = {}
 
 
 def names(real_only: bool = False) -> list[str]:
-    """Every loader, as conf/loader/ names them; real_only: those that read real samples (not
-    the compute ceiling)."""
-    every = sorted(path.stem for path in CONFIGS.glob("*.yaml"))
+    """Every loader (conf/loader/ and registered ones); real_only: those that read real samples
+    (not the compute ceiling)."""
+    every = sorted({path.stem for path in CONFIGS.glob("*.yaml")} | set(_registered))
     return [name for name in every if not (real_only and get(name).synthetic)]
 
 
 def get(name: str) -> LoaderSpec:
     """The loader named `name` (loader=<name>)."""
-    if name not in names():
+    if name in _registered:
+        return _registered[name]
+    if not (CONFIGS / f"{name}.yaml").is_file():
         raise ConfigError(f"loader={name}: no such loader; choose one of {', '.join(names())}")
     spec = getattr(importlib.import_module(f"{__name__}.{name}"), "LOADER", None)
     if not isinstance(spec, LoaderSpec):
@@ -47,6 +49,13 @@ def get(name: str) -> LoaderSpec:
     return spec
 
 
+def register(name: str, spec: LoaderSpec) -> None:
+    """Add a loader that lives outside facebench/loaders/: `loader=<name>` then composes (its
+    options schema with their defaults) and every list of loaders has it."""
+    _registered[name] = spec
+    ConfigStore.instance().store(group="loader", name=name, node=spec.options(name=name))
+
+
 def register_schemas() -> None:
     """Store each loader's options schema as `loader/<name>_schema` for its YAML file to name."""
     store = ConfigStore.instance()
@@ -55,34 +64,32 @@ def register_schemas() -> None:
 
 
 def context(
-    cfg: DictConfig,
+    cfg: TrainConfig,
     spec: LoaderSpec,
-    root: Path,
-    records: list[Record],
-    labels: LabelSpace,
+    listing: Listing,
     device: torch.device,
-    excluded: frozenset[str] = frozenset(),
     world: World | None = None,
 ) -> LoaderContext:
-    """What the configured loader gets to build its pipeline from."""
-    shards = shards_root(cfg.shards_dir, root, spec.shard_format) if spec.shard_format else None
+    """What the configured loader gets to build its pipeline from: the data as the run listed
+    and checked it once, before any clock, and the settings it may use."""
+    shards = (
+        shards_root(cfg.shards_dir, listing.root, spec.shard_format) if spec.shard_format else None
+    )
+    geometry = Geometry.of(cfg.transform)
     return LoaderContext(
         options=cfg.loader,
-        data_root=root,
-        labels=labels,
-        records=records,
+        listing=listing,
         batch_size=cfg.batch_size,
         n_workers=cfg.n_workers,
         seed=cfg.seed,
         device=device,
-        transform=article_transform(cfg.loader.crop, Geometry.of(cfg.transform)),
+        transform=article_transform(cfg.loader.crop, geometry),
         shards_dir=shards,
         shard_size=cfg.shard_size,
-        excluded=excluded,
         world=world or World(),
         on_bad_sample=cfg.on_bad_sample,
         verify_shards=cfg.verify_shards,
         cache=cache_dir(cfg.data.cache_dir),
         layout=data_layout(cfg.data),
-        geometry=Geometry.of(cfg.transform),
+        geometry=geometry,
     )

@@ -8,10 +8,9 @@
 On CUDA the decoding runs on the GPU (`device="mixed"`: nvJPEG, with its CPU part in DALI's
 threads) and batches arrive already on it; on a CPU, DALI's CPU backend (`device_id=None`)
 decodes in its threads. `n_workers` is DALI's `num_threads` (0 means one thread), and
-`loader.prefetch_factor` its `prefetch_queue_depth`. Each epoch is a full reshuffle (one
-permutation, the same on every rank, as the other loaders draw it), cut into batches; batch b
-goes to rank b % world_size, so ranks get equal counts and each sample once (drop_last: the
-remainder is left out).
+`loader.prefetch_factor` its `prefetch_queue_depth`. Each epoch follows the epoch plan (a full
+reshuffle, the same on every rank, cut into batches; batch b goes to rank b % world_size, so
+ranks get equal counts and each sample once; drop_last: the remainder is left out).
 
 DALI's decoders match PIL on grey and colour JPEGs and 8-bit PNGs; any other file (CMYK JPEG,
 16-bit or palette PNG, other formats) is converted to an 8-bit RGB PNG by PIL first, so every
@@ -33,10 +32,12 @@ from PIL import Image
 from facebench.config import LoaderConfig
 from facebench.data.fast_decode import encoded_size, jpeg_components
 from facebench.data.images import CELEBA_BOX, check_size, decode_sample
-from facebench.data.sources import CELEBA, Record, records_by_source
+from facebench.data.sources import CELEBA, Record
 from facebench.errors import FacebenchError
-from facebench.loaders.base import Batch, LoaderContext, batch_offsets, usable
-from facebench.loaders.spec import LoaderSpec
+from facebench.extras import Requirement
+from facebench.loaders.base import Batch, LoaderContext, uint8_batch
+from facebench.loaders.plan import EpochPlan
+from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits, Workers
 from facebench.resources import batch_bytes
 
 log = logging.getLogger(__name__)
@@ -75,21 +76,16 @@ def _height_width(data: bytes) -> np.ndarray:
 
 
 class Source:
-    """DALI's external source: the epoch's batches for this rank, as file bytes, each with its
-    crop box (anchor and shape, CelebA's box or the whole image) and sample id."""
+    """DALI's external source: this rank's batches of the epoch plan, as file bytes, each with
+    its crop box (anchor and shape, CelebA's box or the whole image) and sample id."""
 
-    def __init__(self, records: list[Record], order: np.ndarray, ctx: LoaderContext) -> None:
+    def __init__(self, records: list[Record], plan: EpochPlan) -> None:
         self.records = records
-        self.order = order
-        self.batch_size = ctx.batch_size
-        n_batches = len(order) // ctx.batch_size
-        n_batches -= n_batches % ctx.world.world_size  # the same number for every rank
-        self.batches = iter(range(ctx.world.rank, n_batches, ctx.world.world_size))
+        self.batches = plan.batches()
         self.fed: deque[list[int]] = deque()  # positions of each batch DALI is working on
 
     def __call__(self, info: object = None) -> tuple[list[np.ndarray], ...]:
-        index = next(self.batches)  # StopIteration ends DALI's epoch
-        chosen = self.order[index * self.batch_size : (index + 1) * self.batch_size].tolist()
+        chosen = next(self.batches).tolist()  # StopIteration ends DALI's epoch
         self.fed.append(chosen)
         encoded, anchors, shapes, ids = [], [], [], []
         for position in chosen:
@@ -141,7 +137,7 @@ def _pipeline(source: Source, ctx: LoaderContext):
         num_threads=max(1, ctx.n_workers),
         device_id=(ctx.device.index or 0) if on_gpu else None,
         prefetch_queue_depth=ctx.options.prefetch_factor,
-        seed=ctx.epoch_seed() % 2**31,
+        seed=ctx.plan.seed % 2**31,
     )
 
 
@@ -149,17 +145,11 @@ class DaliBatches:
     """One epoch of DALI batches as facebench Batches (uint8 images, crop offsets, ids)."""
 
     def __init__(self, ctx: LoaderContext) -> None:
-        LOADER.require("dali")
         self.ctx = ctx
-        # Listed inside the clock, as loader=dataset does: the same start-up work.
-        self.records = [
-            record
-            for source in records_by_source(ctx.data_root, ctx.labels, ctx.layout)
-            for record in usable(source, ctx)
-        ]
+        self.records = ctx.records
         self.labels = np.array([record.label for record in self.records], dtype=np.int64)
-        order = np.random.default_rng(ctx.epoch_seed()).permutation(len(self.records))
-        self.source = Source(self.records, order, ctx)
+        self.plan = ctx.plan
+        self.source = Source(self.records, self.plan)
 
     def __iter__(self) -> Iterator[Batch]:
         from nvidia.dali.plugin.pytorch import DALIGenericIterator
@@ -179,10 +169,7 @@ class DaliBatches:
                 self.source.fed.popleft()
                 ids = output["ids"].view(-1).cpu()
                 labels = torch.from_numpy(self.labels[ids.numpy()])
-                offsets = batch_offsets(
-                    self.ctx.options.crop, self.ctx.epoch_seed(), ids, self.ctx.geometry
-                )
-                yield Batch(output["images"], labels, ids, offsets)
+                yield uint8_batch(output["images"], labels, ids, self.plan)
         finally:
             # Stopped now, not whenever the last reference goes: a pipeline object left to the
             # garbage collector is copied into every worker a later loader forks, and its
@@ -218,5 +205,6 @@ LOADER = LoaderSpec(
     options=LoaderConfig,
     build=build,
     worker_memory=worker_memory,
-    requires=("nvidia.dali", "dali"),
+    traits=Traits(Handover.uint8, Pixels.close, Workers.threads),
+    requires=Requirement("nvidia.dali", "dali"),
 )

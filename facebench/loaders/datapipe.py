@@ -37,18 +37,11 @@ from torch.utils.data.datapipes.iter import FileLister, IterableWrapper
 from facebench.config import LoaderConfig
 from facebench.data.folder import FOLDER, class_folder_of, image_extensions, is_image_name
 from facebench.data.images import open_sample
-from facebench.data.sample_index import SampleIndex
-from facebench.data.sources import (
-    CELEBA,
-    DIGIFACE,
-    LabelSpace,
-    celeba_records,
-    digiface_record,
-    records_by_source,
-)
+from facebench.data.sample_ids import SampleIds
+from facebench.data.sources import CELEBA, DIGIFACE, LabelSpace, digiface_record
 from facebench.loaders import base
-from facebench.loaders.base import Batch, LoaderContext, data_loader, usable
-from facebench.loaders.spec import LoaderSpec
+from facebench.loaders.base import Batch, LoaderContext, data_loader
+from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits, Workers
 
 PipeRecord = tuple[str, int, str, int]  # path, label, source, sample id
 
@@ -74,7 +67,7 @@ class Keep:
 class DigiFaceRecord:
     """A DigiFace path from the FileLister -> (path, label, source, sample id)."""
 
-    def __init__(self, labels: LabelSpace, ids: SampleIndex) -> None:
+    def __init__(self, labels: LabelSpace, ids: SampleIds) -> None:
         self.labels = labels
         self.ids = ids
 
@@ -104,7 +97,7 @@ class KeepClassImage:
 class FolderRecord:
     """A class folder's file from the FileLister -> (path, label, source, sample id)."""
 
-    def __init__(self, root: str, classes: dict[str, int], ids: SampleIndex) -> None:
+    def __init__(self, root: str, classes: dict[str, int], ids: SampleIds) -> None:
         self.root = root
         self.classes = classes
         self.ids = ids
@@ -142,24 +135,21 @@ class ImageBatchLoader(IterDataPipe):
 
 
 def listed(ctx: LoaderContext) -> IterDataPipe:
-    """Every sample as the article listed it, inside the clock: CelebA's records from its label
-    file, then a FileLister over DigiFace1M; a folder data set's FileLister over its class
-    folders, or its labels CSV's rows."""
+    """Every sample as the article's pipeline finds it: CelebA's records (from its label file,
+    read before the clock, as the article did), then a FileLister over DigiFace1M, listed by
+    each worker inside the clock; a folder data set's FileLister over its class folders, or its
+    labels CSV's rows."""
+    records = [(r.path, r.label, r.source, i) for i, r in enumerate(ctx.records)]
     if ctx.layout.kind == "folder":
-        root = str(ctx.data_root)
-        ids = SampleIndex([r.path for r in ctx.records])
         if ctx.layout.labels:
-            rows = usable(records_by_source(ctx.data_root, ctx.labels, ctx.layout)[0], ctx)
-            return IterableWrapper([(*r, ids(r.path)) for r in rows], deepcopy=False)
+            return IterableWrapper(records, deepcopy=False)
+        root = str(ctx.data_root)
+        ids = SampleIds([r.path for r in ctx.records])
         classes = ctx.labels.class_map()
         files = FileLister(root, recursive=True).filter(KeepClassImage(root, classes, ctx.excluded))
         return files.map(FolderRecord(root, classes, ids))
-    celeba = [
-        (r.path, r.label, r.source, i)
-        for i, r in enumerate(usable(celeba_records(ctx.data_root, ctx.labels), ctx))
-    ]
-    n_celeba = len(celeba)
-    ids = SampleIndex([r.path for r in ctx.records if r.source != CELEBA], offset=n_celeba)
+    celeba = [record for record in records if record[2] == CELEBA]
+    ids = SampleIds([r.path for r in ctx.records if r.source != CELEBA], offset=len(celeba))
     folder = str(Path(ctx.data_root) / DIGIFACE)
     digiface = FileLister(folder, masks="*.png", recursive=True).filter(Keep(folder, ctx.excluded))
     return IterableWrapper(celeba, deepcopy=False).concat(
@@ -173,10 +163,9 @@ def build_datapipe(ctx: LoaderContext) -> IterDataPipe:
     pipe = pipe.shuffle(buffer_size=options.shuffle_buffer)
     pipe = pipe.batch(ctx.batch_size, drop_last=True)
     if ctx.world.distributed:
-        # The DataLoader splits batches across ranks, then workers; keeping a multiple of the
-        # world size gives every rank the same number, so no rank waits for another's gradients.
-        n_batches = len(ctx.records) // ctx.batch_size
-        pipe = TakeFirst(pipe, n_batches - n_batches % ctx.world.world_size)
+        # The DataLoader splits batches across ranks, then workers; keeping the plan's number
+        # for each rank, no rank waits for another's gradients.
+        pipe = TakeFirst(pipe, ctx.plan.n_batches * ctx.world.world_size)
     pipe = pipe.sharding_filter()
     return pipe.load_images(transform=ctx.transform)
 
@@ -196,4 +185,9 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
     return data_loader(build_datapipe(ctx), ctx, shuffle=True, batched=True)
 
 
-LOADER = LoaderSpec(options=Options, build=build, worker_memory=worker_memory)
+LOADER = LoaderSpec(
+    options=Options,
+    build=build,
+    worker_memory=worker_memory,
+    traits=Traits(Handover.finished, Pixels.exact, Workers.processes),
+)

@@ -1,10 +1,14 @@
 """The article's first pipeline: a map-style Dataset per source, concatenated, shuffled by index.
 
-Every sample is a random access to one small file: open, decode, crop, transform.
+Every sample is a random access to one small file: open, decode, crop, transform. As in the
+article, the Datasets are made from the listing before the clock starts; the DataLoader's
+shuffle is the epoch plan's order (facebench/loaders/plan.py), a full permutation as
+`shuffle=True` draws.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable
 
 import torch
@@ -12,16 +16,10 @@ from torch.utils.data import ConcatDataset, Dataset
 
 from facebench.config import LoaderConfig
 from facebench.data.images import open_sample
-from facebench.data.sources import Record, records_by_source
+from facebench.data.records import Record
 from facebench.loaders import base
-from facebench.loaders.base import (
-    Batch,
-    LoaderContext,
-    data_loader,
-    distributed_sampler,
-    usable,
-)
-from facebench.loaders.spec import LoaderSpec
+from facebench.loaders.base import Batch, LoaderContext, PlanSampler, data_loader
+from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits, Workers
 
 
 class RecordDataset(Dataset):
@@ -46,14 +44,17 @@ def worker_memory(ctx: LoaderContext) -> int:
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:
-    # One Dataset per source (CelebA, DigiFace1M; or the folder's), listed here inside the clock.
+    # One Dataset per source (CelebA, DigiFace1M; or the folder's), in canonical order.
     parts: list[RecordDataset] = []
-    for records in records_by_source(ctx.data_root, ctx.labels, ctx.layout):
+    for _, records in itertools.groupby(ctx.records, key=lambda record: record.source):
         first_id = sum(len(part) for part in parts)
-        parts.append(RecordDataset(usable(records, ctx), ctx.transform, first_id))
-    dataset = ConcatDataset(parts)
-    sampler = distributed_sampler(dataset, ctx) if ctx.world.distributed else None
-    return data_loader(dataset, ctx, shuffle=True, sampler=sampler)
+        parts.append(RecordDataset(list(records), ctx.transform, first_id))
+    return data_loader(ConcatDataset(parts), ctx, sampler=PlanSampler(ctx.plan))
 
 
-LOADER = LoaderSpec(options=LoaderConfig, build=build, worker_memory=worker_memory)
+LOADER = LoaderSpec(
+    options=LoaderConfig,
+    build=build,
+    worker_memory=worker_memory,
+    traits=Traits(Handover.finished, Pixels.exact, Workers.processes),
+)

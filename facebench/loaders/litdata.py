@@ -20,25 +20,22 @@ import numpy as np
 import torch
 
 from facebench.config import LoaderConfig
-from facebench.data.transforms import Geometry
 from facebench.errors import ShardError
+from facebench.extras import Requirement
 from facebench.loaders import base
-from facebench.loaders.base import Batch, LoaderContext, batch_offsets
-from facebench.loaders.shardsets import ensure_loader_shards, trusted_manifest
-from facebench.loaders.spec import LoaderSpec
+from facebench.loaders.base import Batch, LoaderContext, uint8_batch
+from facebench.loaders.plan import EpochPlan
+from facebench.loaders.shardsets import open_shard_set
+from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits, Workers
 
 
 class Collate:
     """LitData items -> one Batch; each item's label checked against the run's listing."""
 
-    def __init__(
-        self, labels: np.ndarray, crop: str, epoch_seed: int, folder: str, geometry: Geometry
-    ) -> None:
-        self.geometry = geometry
+    def __init__(self, labels: np.ndarray, folder: str, plan: EpochPlan) -> None:
         self.labels = labels
-        self.crop = crop
-        self.epoch_seed = epoch_seed
         self.folder = folder
+        self.plan = plan
 
     def __call__(self, items: list[dict]) -> Batch:
         ids = torch.tensor([int(item["id"]) for item in items])
@@ -50,13 +47,7 @@ class Collate:
                 "or stale. Rebuild: python prepare.py format=litdata"
             )
         images = torch.from_numpy(np.stack([item["image"] for item in items]))
-        offsets = batch_offsets(self.crop, self.epoch_seed, ids, self.geometry)
-        return Batch(images, labels, ids, offsets)
-
-
-def before_epoch(ctx: LoaderContext) -> dict[str, float]:
-    LOADER.require("litdata")
-    return ensure_loader_shards(ctx, "litdata")
+        return uint8_batch(images, labels, ids, self.plan)
 
 
 def worker_memory(ctx: LoaderContext) -> int:
@@ -64,25 +55,24 @@ def worker_memory(ctx: LoaderContext) -> int:
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:
-    LOADER.require("litdata")
     from litdata import StreamingDataLoader, StreamingDataset
 
-    trusted_manifest(ctx)
+    shard_set = open_shard_set(ctx)
+    plan = ctx.plan
     dataset = StreamingDataset(
-        input_dir=str(ctx.shards_dir),
+        input_dir=str(shard_set.folder),
         cache_dir=str(ctx.cache / "litdata-cache"),
         shuffle=True,
-        seed=ctx.epoch_seed() % 2**31,
+        seed=plan.seed % 2**31,  # LitData deals and shuffles the chunks itself, from this seed
         drop_last=True,
     )
     labels = np.array([record.label for record in ctx.records], dtype=np.int64)
-    collate = Collate(labels, ctx.options.crop, ctx.epoch_seed(), str(ctx.shards_dir), ctx.geometry)
     extra = {"prefetch_factor": ctx.options.prefetch_factor} if ctx.n_workers else {}
     return StreamingDataLoader(
         dataset,
         batch_size=ctx.batch_size,
         num_workers=ctx.n_workers,
-        collate_fn=collate,
+        collate_fn=Collate(labels, str(shard_set.folder), plan),
         drop_last=True,
         pin_memory=ctx.pin_memory,
         **extra,
@@ -93,8 +83,8 @@ LOADER = LoaderSpec(
     options=LoaderConfig,
     build=build,
     worker_memory=worker_memory,
+    traits=Traits(Handover.uint8, Pixels.exact, Workers.processes),
     shard_format="litdata",
     batches_per_worker=True,  # each worker batches the chunks it reads
-    prepare=before_epoch,
-    requires=("litdata", "litdata"),
+    requires=Requirement("litdata", "litdata"),
 )

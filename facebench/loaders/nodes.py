@@ -1,6 +1,6 @@
 """torchdata.nodes, the maintained successor of DataPipes, over the original image files.
 
-    SamplerWrapper(RandomSampler) -> Batcher(batch_size, drop_last)
+    SamplerWrapper(the epoch plan's order) -> Batcher(batch_size, drop_last)
       -> ParallelMapper(load a batch, n_workers, process or thread)
       -> PinMemory (CUDA) -> Prefetcher -> Loader
 
@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import RandomSampler
 from torchdata.nodes import (
     Batcher,
     Loader,
@@ -38,20 +37,13 @@ from torchdata.nodes.exception_wrapper import StartupExceptionWrapper
 from facebench.config import Decoder, LoaderConfig, WorkerKind
 from facebench.data.fast_decode import decode_resized
 from facebench.data.images import open_sample
-from facebench.data.sources import Record, records_by_source
-from facebench.data.transforms import Geometry
+from facebench.data.records import Record
 from facebench.errors import LoaderFailure
-from facebench.loader_failures import signal_name, too_many_open_files, worker_died
 from facebench.loaders import base
-from facebench.loaders.base import (
-    Batch,
-    LoaderContext,
-    batch_rng,
-    distributed_sampler,
-    uint8_batch,
-    usable,
-)
-from facebench.loaders.spec import LoaderSpec
+from facebench.loaders.base import Batch, LoaderContext, PlanSampler, uint8_batch
+from facebench.loaders.failures import signal_name, too_many_open_files, worker_died
+from facebench.loaders.plan import EpochPlan, batch_rng
+from facebench.loaders.spec import LoaderSpec, decoder_traits
 
 log = logging.getLogger(__name__)
 _WATCH_PERIOD_S = 0.2
@@ -79,14 +71,10 @@ class ToRecords:
 class LoadBatch:
     """(index, record) pairs -> (images, labels, ids); picklable for process workers."""
 
-    def __init__(
-        self, decoder: str, transform: Callable, crop: str, epoch_seed: int, geometry: Geometry
-    ) -> None:
-        self.epoch_seed = epoch_seed
-        self.geometry = geometry
+    def __init__(self, decoder: str, transform: Callable, plan: EpochPlan) -> None:
         self.decoder = decoder
         self.transform = transform
-        self.crop = crop
+        self.plan = plan
 
     def __call__(self, batch: list[tuple[int, Record]]) -> Batch:
         chosen = [record for _, record in batch]
@@ -94,14 +82,14 @@ class LoadBatch:
         ids = torch.tensor([i for i, _ in batch])
         if self.decoder == "pil":
             # RandomCrop draws from torch's global generator, which forked workers share.
-            torch.manual_seed(int(batch_rng(self.epoch_seed, ids).integers(2**62)))
+            torch.manual_seed(int(batch_rng(self.plan.seed, ids).integers(2**62)))
             images = [self.transform(open_sample(r.path, r.source)) for r in chosen]
             return Batch(torch.stack(images), labels, ids)
-        size = self.geometry.resized
+        size = self.plan.geometry.resized
         images = torch.stack(
             [decode_resized(_read(r.path), r.source, r.path, size) for r in chosen]
         )
-        return uint8_batch(images, labels, ids, self.crop, self.epoch_seed, self.geometry)
+        return uint8_batch(images, labels, ids, self.plan)
 
 
 def _read(path: str) -> bytes:
@@ -115,23 +103,11 @@ def worker_memory(ctx: LoaderContext) -> int:
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:
     options: Options = ctx.options
-    # Listed inside the clock, as loader=dataset does: the same start-up work.
-    records = [
-        record
-        for source in records_by_source(ctx.data_root, ctx.labels, ctx.layout)
-        for record in usable(source, ctx)
-    ]
-    if ctx.world.distributed:
-        sampler = distributed_sampler(range(len(records)), ctx)
-    else:
-        generator = torch.Generator().manual_seed(ctx.epoch_seed())
-        sampler = RandomSampler(range(len(records)), generator=generator)
-    node = SamplerWrapper(sampler)
+    plan = ctx.plan
+    node = SamplerWrapper(PlanSampler(plan))  # this rank's share of the epoch's order
     node = Batcher(node, batch_size=ctx.batch_size, drop_last=True)
-    node = Mapper(node, map_fn=ToRecords(records))
-    # The ranks share the shuffle's seed; their crops must differ.
-    crop_seed = ctx.epoch_seed() + ctx.world.rank
-    load = LoadBatch(options.decoder, ctx.transform, options.crop, crop_seed, ctx.geometry)
+    node = Mapper(node, map_fn=ToRecords(ctx.records))
+    load = LoadBatch(options.decoder, ctx.transform, plan)
     if ctx.n_workers > 0:
         node = ParallelMapper(
             node, map_fn=load, num_workers=ctx.n_workers, method=options.method, in_order=True
@@ -267,4 +243,6 @@ class Watched:
         return None
 
 
-LOADER = LoaderSpec(options=Options, build=build, worker_memory=worker_memory)
+LOADER = LoaderSpec(
+    options=Options, build=build, worker_memory=worker_memory, traits=decoder_traits()
+)

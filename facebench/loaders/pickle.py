@@ -24,8 +24,8 @@ from torch.utils.data.datapipes.iter import IterableWrapper
 from facebench.config import LoaderConfig
 from facebench.loaders import base
 from facebench.loaders.base import Batch, LoaderContext, data_loader
-from facebench.loaders.shardsets import ShardGuard, trusted_manifest
-from facebench.loaders.spec import LoaderSpec
+from facebench.loaders.shardsets import ShardGuard, open_shard_set, trusted_manifest
+from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits, Workers
 from facebench.shards import pickle_format
 from facebench.shards.manifest import read_verified
 
@@ -62,12 +62,12 @@ def worker_memory(ctx: LoaderContext) -> int:
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:
-    manifest = trusted_manifest(ctx)
-    sha256 = {shard.name: shard.sha256 for shard in manifest.shards}
-    paths = [str(ctx.shards_dir / shard.name) for shard in manifest.shards]
-    pipe = IterableWrapper(paths).shuffle().sharding_filter()
-    guard = ShardGuard.of(ctx.shards_dir, manifest)
-    pipe = pipe.load_pickle_data(transform=ctx.transform, sha256=sha256, guard=guard)
+    shard_set = open_shard_set(ctx)
+    # The shard list's shuffle is seeded by the DataLoader (the epoch plan's seed).
+    pipe = IterableWrapper(shard_set.paths()).shuffle().sharding_filter()
+    pipe = pipe.load_pickle_data(
+        transform=ctx.transform, sha256=shard_set.sha256(), guard=shard_set.guard
+    )
     return data_loader(pipe, ctx, shuffle=True)
 
 
@@ -75,6 +75,7 @@ LOADER = LoaderSpec(
     options=LoaderConfig,
     build=build,
     worker_memory=worker_memory,
+    traits=Traits(Handover.finished, Pixels.exact, Workers.processes),
     shard_format="pickle",
     batches_per_worker=True,  # each worker batches the shards it reads
 )

@@ -2,9 +2,9 @@
 
 prepare.py (format=raw) stores each sample once, decoded and resized to 112x112 (the article's only
 deterministic step), as fixed-size uint8 records in .npy shards. Each epoch draws one permutation
-of all samples (the same on every rank), cuts it into batches, and deals batch b to rank
-b % world_size: a full shuffle, no decoding, no pickle, nothing loaded whole. The batch leaves as
-uint8 with its crop offsets; the device crops and normalizes it (facebench.finish).
+of all samples (the epoch plan's, the same on every rank), cuts it into batches, and deals batch
+b to rank b % world_size: a full shuffle, no decoding, no pickle, nothing loaded whole. The batch
+leaves as uint8 with its crop offsets; the device crops and normalizes it (facebench.finish).
 
 Where the gathering runs was measured (20,000 samples, batch 600, warm, 2 cores): reading each
 sample's 37,632 bytes with pread into the batch runs at 120,000-130,000 images/s in one thread,
@@ -27,68 +27,63 @@ import os
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 
 import numpy as np
 import torch
 
 from facebench.config import LoaderConfig
 from facebench.errors import ShardError
-from facebench.loaders.base import Batch, LoaderContext, batch_offsets
-from facebench.loaders.shardsets import ShardGuard, trusted_manifest
-from facebench.loaders.spec import LoaderSpec
+from facebench.loaders.base import Batch, LoaderContext
+from facebench.loaders.shardsets import OpenShardSet, open_shard_set
+from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits, Workers
 from facebench.resources import batch_bytes
 from facebench.shards import raw_format
-from facebench.shards.manifest import Manifest, read_index
+from facebench.shards.manifest import read_index
 
 
 class RawBatches:
     """One epoch's batches, gathered from the shard files in one shuffled order."""
 
-    def __init__(self, ctx: LoaderContext, manifest: Manifest) -> None:
-        self.folder = ctx.shards_dir
-        self.shards = manifest.shards
-        self.guard = ShardGuard.of(ctx.shards_dir, manifest)
-        index = np.concatenate([read_index(self.folder, shard) for shard in manifest.shards])
+    def __init__(self, ctx: LoaderContext, shard_set: OpenShardSet) -> None:
+        self.folder = shard_set.folder
+        self.shards = shard_set.manifest.shards
+        self.guard = shard_set.guard
+        index = np.concatenate([read_index(self.folder, shard) for shard in self.shards])
         self.labels = np.ascontiguousarray(index["label"])  # verified against the manifest
         self.ids = np.ascontiguousarray(index["id"])
         self.starts = np.concatenate([[0], np.cumsum([s.samples for s in self.shards])])
-        self.batch_size = ctx.batch_size
-        self.epoch_seed = ctx.epoch_seed()  # the same on every rank
-        self.crop = ctx.options.crop
-        self.geometry = ctx.geometry
-        self.resize = ctx.geometry.resize  # what before_epoch built the shards with
+        # The shards hold the samples in canonical positions' stead: the plan's positions index
+        # the shards' records (a full permutation either way).
+        self.plan = replace(ctx.plan, n_samples=int(self.starts[-1]))
+        self.resize = ctx.geometry.resize  # what the job's preparation built the shards with
         self.pin = ctx.pin_memory
-        self.rank, self.world_size = ctx.world.rank, ctx.world.world_size
         self.n_threads = ctx.n_workers
         self.ahead = max(1, ctx.n_workers) * ctx.options.prefetch_factor
 
     def __len__(self) -> int:
-        # Whole batches, and the same number for every rank.
-        n_batches = int(self.starts[-1]) // self.batch_size
-        return n_batches - n_batches % self.world_size
+        return self.plan.n_batches  # whole batches, the same number for every rank
 
     def __iter__(self) -> Iterator[Batch]:
         files = self._open()
         try:
-            order = np.random.default_rng(self.epoch_seed).permutation(int(self.starts[-1]))
-            mine = range(self.rank, len(self), self.world_size)  # batch b -> rank b % world_size
+            mine = self.plan.batches()
             if self.n_threads == 0:
-                for index in mine:
-                    yield self._batch(files, order, index)
+                for positions in mine:
+                    yield self._batch(files, positions)
                 return
-            yield from self._threaded(files, order, mine)
+            yield from self._threaded(files, mine)
         finally:
             for fd in files:
                 os.close(fd)
 
-    def _threaded(self, files: list[int], order: np.ndarray, mine: range) -> Iterator[Batch]:
+    def _threaded(self, files: list[int], mine: Iterator[np.ndarray]) -> Iterator[Batch]:
         """Batches in order, gathered by n_threads threads up to `ahead` batches in advance."""
         pending: deque[Future] = deque()
-        indices = iter(mine)
         with ThreadPoolExecutor(self.n_threads, thread_name_prefix="raw-gather") as pool:
             try:
-                for index in indices:
-                    pending.append(pool.submit(self._batch, files, order, index))
+                for positions in mine:
+                    pending.append(pool.submit(self._batch, files, positions))
                     if len(pending) >= self.ahead:
                         yield pending.popleft().result()
                 while pending:
@@ -120,17 +115,16 @@ class RawBatches:
             raise
         return files
 
-    def _batch(self, files: list[int], order: np.ndarray, index: int) -> Batch:
-        chosen = np.sort(order[index * self.batch_size : (index + 1) * self.batch_size])
+    def _batch(self, files: list[int], positions: np.ndarray) -> Batch:
+        chosen = np.sort(positions)
         images = torch.empty(
             (len(chosen), *raw_format.shape(self.resize)), dtype=torch.uint8, pin_memory=self.pin
         )
         self._gather(files, chosen, images.numpy())
         ids = torch.from_numpy(self.ids[chosen])
         labels = torch.from_numpy(self.labels[chosen])
-        # Crop randomness per batch, as every loader draws it: whichever thread gathers it.
-        offsets = batch_offsets(self.crop, self.epoch_seed, ids, self.geometry)
-        return Batch(images, labels, ids, offsets)
+        # Crop offsets per batch, as every loader draws them: whichever thread gathers it.
+        return Batch(images, labels, ids, self.plan.offsets(ids))
 
     def _gather(self, files: list[int], positions: np.ndarray, out: np.ndarray) -> None:
         """Read the samples at these (sorted) global positions into out, one pread each."""
@@ -156,9 +150,13 @@ def worker_memory(ctx: LoaderContext) -> int:
 
 
 def build(ctx: LoaderContext) -> RawBatches:
-    return RawBatches(ctx, trusted_manifest(ctx))
+    return RawBatches(ctx, open_shard_set(ctx))
 
 
 LOADER = LoaderSpec(
-    options=LoaderConfig, build=build, worker_memory=worker_memory, shard_format="raw"
+    options=LoaderConfig,
+    build=build,
+    worker_memory=worker_memory,
+    traits=Traits(Handover.uint8, Pixels.exact, Workers.threads),
+    shard_format="raw",
 )

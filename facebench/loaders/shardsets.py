@@ -70,6 +70,28 @@ def trusted_manifest(ctx: LoaderContext) -> Manifest:
     return manifest
 
 
+@dataclass(frozen=True)
+class OpenShardSet:
+    """A shard set as a loader reads it: its trusted manifest, and the guard that tells a damaged
+    shard from a set rebuilt during the run."""
+
+    folder: Path
+    manifest: Manifest
+    guard: ShardGuard
+
+    def paths(self) -> list[str]:
+        return [str(self.folder / shard.name) for shard in self.manifest.shards]
+
+    def sha256(self) -> dict[str, str]:
+        return {shard.name: shard.sha256 for shard in self.manifest.shards}
+
+
+def open_shard_set(ctx: LoaderContext) -> OpenShardSet:
+    """The run's shard set, checked against its manifest, ready to read."""
+    manifest = trusted_manifest(ctx)
+    return OpenShardSet(ctx.shards_dir, manifest, ShardGuard.of(ctx.shards_dir, manifest))
+
+
 def shard_files(ctx: LoaderContext) -> list[str]:
     manifest = Manifest.read(ctx.shards_dir)
     return [str(ctx.shards_dir / shard.name) for shard in manifest.shards] if manifest else []

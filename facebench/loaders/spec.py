@@ -1,27 +1,53 @@
-"""The loader contract: what each loader module tells the runner, in one typed object.
+"""The loader contract: everything about a loader, in one typed object.
 
 Each module in facebench/loaders/ named by a YAML file in conf/loader/ defines
 
-    LOADER = LoaderSpec(options=..., build=..., worker_memory=..., ...)
+    LOADER = LoaderSpec(options=..., build=..., worker_memory=..., traits=..., ...)
 
-and the runner asks it nothing else. Its whole behavior is read in that module.
+and the runner, the tests, the report, advise and the benchmarks ask it, and nothing else,
+what the loader is: adding a loader is one module and one YAML file.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 
 from facebench.config import LoaderConfig
-from facebench.errors import ConfigError
+from facebench.extras import Requirement
 from facebench.loaders.base import Batch, LoaderContext
 from facebench.loaders.shardsets import ensure_loader_shards, shard_files
 
 
+class Handover(StrEnum):
+    finished = "finished"  # float (n, 3, crop, crop), normalized: what the model takes
+    uint8 = "uint8"  # (n, resize, resize, 3) uint8 and crop offsets: the device finishes them
+
+
+class Pixels(StrEnum):
+    exact = "exact"  # pixel for pixel the article's preprocessing (PIL)
+    close = "close"  # other decoders or resampling (torchvision.io, DALI): within a few levels
+
+
+class Workers(StrEnum):
+    processes = "processes"  # worker processes (batches cross between processes)
+    threads = "threads"  # threads of the loop's own process
+    none = "none"  # everything in the loop itself
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What a loader hands over, how faithful its pixels are, where its work runs."""
+
+    handover: Handover
+    pixels: Pixels
+    workers: Workers
+
+
 @dataclass(frozen=True)
 class LoaderSpec:
-    """One loader: its options schema, how it builds an epoch, and what it needs first."""
+    """One loader: its options schema, how it builds an epoch, its traits, what it needs first."""
 
     # The schema of cfg.loader (LoaderConfig or a subclass), checked when Hydra composes.
     options: type[LoaderConfig]
@@ -29,33 +55,39 @@ class LoaderSpec:
     build: Callable[[LoaderContext], Iterable[Batch]]
     # Bytes one worker needs at most, for the check that n_workers fits this machine.
     worker_memory: Callable[[LoaderContext], int]
-    # The prepare.py format it reads: built before the clock when missing, and the files whose
-    # page cache `cache=` controls. None: it reads the image files.
+    # Its traits, or a function of its options that gives them (a decoder option, say).
+    traits: Traits | Callable[[LoaderConfig], Traits]
+    # The shard format (shards/formats.py) it reads: built before the clock when missing, and
+    # the files whose page cache `cache=` controls. None: it reads the image files.
     shard_format: str | None = None
     # Whether each worker batches its own shards (one partial batch per worker may be dropped)
     # rather than the epoch being batched in one place.
     batches_per_worker: bool = False
     # A compute ceiling: no real samples, nothing to count, nothing read.
     synthetic: bool = False
-    # Work before the clock in place of building shard_format (its return is logged as metrics).
+    # Work before the first epoch, once per job, in place of building shard_format (its return
+    # is logged as metrics).
     prepare: Callable[[LoaderContext], dict[str, float]] | None = None
-    # The Python package it needs and the extra that installs it: ("nvidia.dali", "dali").
-    requires: tuple[str, str] | None = None
+    # The Python package it needs, and the extra that installs it.
+    requires: Requirement | None = None
+
+    def traits_for(self, options: LoaderConfig | None = None) -> Traits:
+        """Its traits with these options (its defaults when none are given)."""
+        if isinstance(self.traits, Traits):
+            return self.traits
+        return self.traits(options if options is not None else self.options())
 
     def available(self) -> bool:
-        return self.requires is None or importlib.util.find_spec(self.requires[0]) is not None
+        return self.requires is None or self.requires.available()
 
     def require(self, name: str) -> None:
         """Refuse, with the install command, when its package is missing."""
-        if not self.available():
-            package, extra = self.requires  # type: ignore[misc]
-            raise ConfigError(
-                f"loader={name} needs {package}, which is not installed: "
-                f"pip install -e '.[{extra}]'"
-            )
+        if self.requires is not None:
+            self.requires.require(f"loader={name}")
 
-    def before_epoch(self, ctx: LoaderContext) -> dict[str, float]:
-        """Its preparation, outside the clock: by default, build its shards if missing."""
+    def prepare_job(self, ctx: LoaderContext) -> dict[str, float]:
+        """Its preparation, once per job, outside the clock: by default, build its shards if
+        missing."""
         if self.prepare is not None:
             return self.prepare(ctx)
         if self.shard_format is not None:
@@ -69,3 +101,18 @@ class LoaderSpec:
         if self.shard_format is not None:
             return shard_files(ctx)
         return [record.path for record in ctx.records]
+
+
+def decoder_traits(workers: Workers = Workers.processes) -> Callable[[LoaderConfig], Traits]:
+    """Traits of a loader with a `decoder` option: torchvision decodes into uint8 batches that
+    the device finishes; pil runs the article's transform per sample."""
+
+    def traits(options: LoaderConfig) -> Traits:
+        chosen = workers
+        if getattr(options, "method", None) == "thread":
+            chosen = Workers.threads
+        if getattr(options, "decoder", "torchvision") == "pil":
+            return Traits(Handover.finished, Pixels.exact, chosen)
+        return Traits(Handover.uint8, Pixels.close, chosen)
+
+    return traits

@@ -14,7 +14,7 @@ import torch
 
 from facebench.config import LoaderConfig
 from facebench.loaders.base import Batch, LoaderContext
-from facebench.loaders.spec import LoaderSpec
+from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits, Workers
 
 
 @dataclass
@@ -40,8 +40,7 @@ def build(ctx: LoaderContext) -> SameBatch:
         0, ctx.labels.n_classes, (ctx.batch_size,), generator=generator, device=ctx.device
     )
     # Each rank trains on its share, as with real loaders: the job's epoch is the data's.
-    per_rank = len(ctx.records) // (ctx.batch_size * ctx.world.world_size)
-    return SameBatch(images, labels, per_rank)
+    return SameBatch(images, labels, ctx.plan.n_batches)
 
 
 def worker_memory(ctx: LoaderContext) -> int:
@@ -49,4 +48,10 @@ def worker_memory(ctx: LoaderContext) -> int:
 
 
 # No real samples: nothing to count, check or read.
-LOADER = LoaderSpec(options=LoaderConfig, build=build, worker_memory=worker_memory, synthetic=True)
+LOADER = LoaderSpec(
+    options=LoaderConfig,
+    build=build,
+    worker_memory=worker_memory,
+    traits=Traits(Handover.finished, Pixels.exact, Workers.none),
+    synthetic=True,
+)

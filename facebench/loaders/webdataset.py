@@ -32,15 +32,10 @@ from facebench.data.sources import CELEBA
 from facebench.data.transforms import Geometry
 from facebench.errors import ConfigError, FacebenchError, ShardError
 from facebench.loaders import base
-from facebench.loaders.base import (
-    Batch,
-    LoaderContext,
-    batch_offsets,
-    data_loader,
-    uint8_batch,
-)
-from facebench.loaders.shardsets import ShardGuard, ensure_loader_shards, trusted_manifest
-from facebench.loaders.spec import LoaderSpec
+from facebench.loaders.base import Batch, LoaderContext, data_loader, uint8_batch
+from facebench.loaders.plan import EpochPlan
+from facebench.loaders.shardsets import ShardGuard, ensure_loader_shards, open_shard_set
+from facebench.loaders.spec import LoaderSpec, decoder_traits
 from facebench.shards.manifest import ShardEntry, read_index
 from facebench.shards.tar_format import IMAGE_KEYS
 
@@ -148,14 +143,10 @@ class Collate:
     """A list of decoded samples -> one Batch: finished (pil), or uint8 with crop offsets and,
     with device_decode, the JPEGs still encoded."""
 
-    def __init__(
-        self, decoder: str, crop: str, keep_jpeg: bool, epoch_seed: int, geometry: Geometry
-    ) -> None:
-        self.epoch_seed = epoch_seed
-        self.geometry = geometry
+    def __init__(self, decoder: str, keep_jpeg: bool, plan: EpochPlan) -> None:
         self.decoder = decoder
-        self.crop = crop
         self.keep_jpeg = keep_jpeg
+        self.plan = plan
 
     def __call__(self, samples: list[tuple]) -> Batch:
         labels = torch.tensor([label for _, label, _ in samples])
@@ -163,11 +154,10 @@ class Collate:
         if self.decoder == "pil":
             return Batch(torch.stack([image for image, _, _ in samples]), labels, ids)
         if self.keep_jpeg:
-            images, packed, index = _pack_jpegs(samples, self.geometry)
-            offsets = batch_offsets(self.crop, self.epoch_seed, ids, self.geometry)
-            return Batch(images, labels, ids, offsets, (packed, index))
+            images, packed, index = _pack_jpegs(samples, self.plan.geometry)
+            return Batch(images, labels, ids, self.plan.offsets(ids), (packed, index))
         images = torch.stack([image for image, _, _ in samples])
-        return uint8_batch(images, labels, ids, self.crop, self.epoch_seed, self.geometry)
+        return uint8_batch(images, labels, ids, self.plan)
 
 
 def _pack_jpegs(
@@ -199,7 +189,8 @@ def worker_memory(ctx: LoaderContext) -> int:
     return base.worker_memory(ctx, finished=finished, held=held)
 
 
-def before_epoch(ctx: LoaderContext) -> dict[str, float]:
+def prepare(ctx: LoaderContext) -> dict[str, float]:
+    """Once per job: check the options, and build the tar shards if missing."""
     options: Options = ctx.options
     if options.device_decode and options.decoder != "torchvision":
         raise ConfigError("loader.device_decode=true needs loader.decoder=torchvision")
@@ -210,50 +201,46 @@ def before_epoch(ctx: LoaderContext) -> dict[str, float]:
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:
     options: Options = ctx.options
-    manifest = trusted_manifest(ctx)
+    shard_set = open_shard_set(ctx)
     keep_jpeg = (
         options.device_decode and ctx.device.type == "cuda" and options.decoder == "torchvision"
     )
-    # A new shard order each epoch, drawn in the main process so all workers agree on it before
-    # split_by_worker hands each its share.
-    seed = ctx.epoch_seed()  # the same on every rank: they agree on the order, then split it
-    guard = ShardGuard.of(ctx.shards_dir, manifest)
-    urls = [str(ctx.shards_dir / shard.name) for shard in manifest.shards]
-    urls = [urls[i] for i in np.random.default_rng(seed).permutation(len(urls))]
+    # A new shard order each epoch, drawn from the epoch plan's seed (the same on every rank:
+    # they agree on the order, then split it) before split_by_worker hands each its share.
+    plan = ctx.plan
+    urls = shard_set.paths()
+    urls = [urls[i] for i in np.random.default_rng(plan.seed).permutation(len(urls))]
+    decode = Decode(
+        options.decoder,
+        ctx.transform,
+        keep_jpeg,
+        shard_set.folder,
+        shard_set.manifest.shards,
+        shard_set.guard,
+        ctx.geometry,
+    )
     pipeline = wds.DataPipeline(
         wds.SimpleShardList(urls),
         wds.split_by_node,
         wds.split_by_worker,
-        wds.tarfile_to_samples(handler=ReadFailure(guard)),
-        wds.shuffle(options.shuffle_buffer, seed=seed),
-        wds.map(
-            Decode(
-                options.decoder,
-                ctx.transform,
-                keep_jpeg,
-                ctx.shards_dir,
-                manifest.shards,
-                guard,
-                ctx.geometry,
-            )
-        ),
+        wds.tarfile_to_samples(handler=ReadFailure(shard_set.guard)),
+        wds.shuffle(options.shuffle_buffer, seed=plan.seed),
+        wds.map(decode),
         wds.batched(
             ctx.batch_size,
-            # The ranks share the shuffle's seed; their crops must differ.
-            collation_fn=Collate(
-                options.decoder, options.crop, keep_jpeg, seed + ctx.world.rank, ctx.geometry
-            ),
+            collation_fn=Collate(options.decoder, keep_jpeg, plan),
             partial=False,
         ),
     )
-    return data_loader(pipeline, ctx, shuffle=False, batched=True)
+    return data_loader(pipeline, ctx, batched=True)
 
 
 LOADER = LoaderSpec(
     options=Options,
     build=build,
     worker_memory=worker_memory,
+    traits=decoder_traits(),
     shard_format="tar",
     batches_per_worker=True,  # each worker batches the shards it reads
-    prepare=before_epoch,
+    prepare=prepare,
 )

@@ -34,13 +34,13 @@ from torchvision.transforms import functional
 
 from facebench.data.images import BadImage, bad_image, open_sample
 from facebench.data.sources import Record
+from facebench.extras import Requirement
+from facebench.shards.formats import ShardFormat
 from facebench.shards.manifest import ShardEntry
 
 log = logging.getLogger(__name__)
 
 SUFFIX = ".bin"
-RESIZED = True  # items hold resized pixels: the set is rebuilt when transform.resize changes
-WHOLE_SET = True  # written by one litdata.optimize call, not shard by shard
 INDEX = "index.json"  # litdata's own index of its chunks
 CHUNK_BYTES = "64MB"
 _ITEM_HEADER_BYTES = 64  # litdata's per-item header, id and label
@@ -147,3 +147,15 @@ def _sha256(path: Path) -> str:
         while block := file.read(1 << 20):
             digest.update(block)
     return digest.hexdigest()
+
+
+# Written by one litdata.optimize call, not shard by shard; items hold resized pixels.
+FORMAT = ShardFormat(
+    name="litdata",
+    suffix=SUFFIX,
+    resized=True,
+    estimate_bytes=estimate_bytes,
+    write_set=write_set,
+    writes=writes,
+    requires=Requirement("litdata", "litdata"),
+)

@@ -18,10 +18,8 @@ from PIL import Image
 from facebench.data.images import open_sample
 from facebench.data.sources import Record
 from facebench.shards import room
+from facebench.shards.formats import ShardFormat
 
-SUFFIX = ".pickle"
-RESIZED = False  # stores decoded images before the transform: transform.resize does not matter
-WHOLE_SET = False  # written shard by shard, resumable
 _FRAMING_BYTES = 160  # a pickled PIL image's mode, size and class, the label and the id
 
 
@@ -40,3 +38,9 @@ def estimate_bytes(sizes: list[int], records: list[Record], resize: int) -> list
 
 def decode(data: bytes) -> Iterator[tuple[Image.Image, int, int]]:
     yield from pickle.loads(data)
+
+
+# Decoded images before the transform: transform.resize does not change them.
+FORMAT = ShardFormat(
+    name="pickle", suffix=".pickle", resized=False, estimate_bytes=estimate_bytes, encode=encode
+)

@@ -19,10 +19,7 @@ from torchvision.transforms import functional
 from facebench.data.images import open_sample
 from facebench.data.sources import Record
 from facebench.errors import ShardError
-
-SUFFIX = ".npy"
-RESIZED = True  # stores resized pixels: the set is rebuilt when transform.resize changes
-WHOLE_SET = False  # written shard by shard, resumable
+from facebench.shards.formats import ShardFormat
 
 
 def shape(resize: int) -> tuple[int, int, int]:
@@ -69,3 +66,8 @@ def data_offset(fd: int, path: str, resize: int) -> int:
                 "prepare.py format=raw"
             )
         return file.tell()
+
+
+FORMAT = ShardFormat(
+    name="raw", suffix=".npy", resized=True, estimate_bytes=estimate_bytes, encode=encode
+)

@@ -15,10 +15,8 @@ import tarfile
 from facebench.data.folder import FOLDER
 from facebench.data.sources import CELEBA, DIGIFACE, Record
 from facebench.shards import room
+from facebench.shards.formats import ShardFormat
 
-SUFFIX = ".tar"
-RESIZED = False  # stores the original files
-WHOLE_SET = False  # written shard by shard, resumable
 # Each sample's image member, by source: the key says how to treat it (CelebA: its crop box).
 IMAGE_KEYS = {CELEBA: "jpg", DIGIFACE: "png", FOLDER: "img"}
 _BLOCK = tarfile.BLOCKSIZE
@@ -49,3 +47,9 @@ def encode(samples: list[tuple[int, Record]], resize: int) -> bytes:
             _member(tar, f"{key}.cls", str(record.label).encode())
             _member(tar, f"{key}.path", os.fsencode(record.path))  # any name the OS holds
     return buffer.getvalue()
+
+
+# The original files: transform.resize does not change them.
+FORMAT = ShardFormat(
+    name="tar", suffix=".tar", resized=False, estimate_bytes=estimate_bytes, encode=encode
+)

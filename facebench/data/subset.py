@@ -1,7 +1,7 @@
-"""A sample of a data set, in its own layout, for measurements that cannot read all of it.
+"""A subset of a data set, in its own layout, for measurements that cannot read all of it.
 
 `facebench.advise` measures every loader within a few minutes; building shards of 922,599 images
-alone takes longer. So it measures on a sample: n records drawn at random, whose files are linked
+alone takes longer. So it measures on a subset: n records drawn at random, whose files are linked
 (not copied) into a tree of the same layout under the cache, which every loader and shard builder
 reads like any other. What it finds per image holds for the whole set, page cache aside: a
 sample fits in memory where the whole set may not.
@@ -32,7 +32,7 @@ from facebench.data.sources import (
 log = logging.getLogger(__name__)
 
 
-def sample_tree(
+def subset_tree(
     root: Path,
     records: list[Record],
     n: int,

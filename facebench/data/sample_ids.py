@@ -20,7 +20,7 @@ def _key(path: str) -> int:
     return int.from_bytes(hashlib.blake2b(os.fsencode(path), digest_size=8).digest(), "little")
 
 
-class SampleIndex:
+class SampleIds:
     def __init__(self, paths: list[str], offset: int = 0) -> None:
         keys = np.fromiter((_key(path) for path in paths), dtype=np.uint64, count=len(paths))
         order = np.argsort(keys, kind="stable")

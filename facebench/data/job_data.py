@@ -1,0 +1,48 @@
+"""A job's data: found (or generated), listed and checked once, before any clock starts."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from facebench.config import TrainConfig
+from facebench.data.check import Listing, list_usable
+from facebench.data.images import set_max_pixels
+from facebench.distributed import World, barrier
+from facebench.errors import ConfigError
+from facebench.paths import cache_dir, data_layout, data_root
+
+
+@dataclass(frozen=True)
+class JobData:
+    listing: Listing
+    listing_s: float  # listing and checking every file
+
+    @property
+    def skipped(self) -> int:
+        return len(self.listing.usable.skipped)
+
+    def metrics(self) -> dict[str, float]:
+        return {"samples_skipped": float(self.skipped), "listing_s": self.listing_s}
+
+
+def prepare_data(cfg: TrainConfig, world: World) -> JobData:
+    """Generate (synthetic) or find the data, list every sample, check the files are usable."""
+    set_max_pixels(cfg.data.max_pixels)  # before any worker is forked: they inherit it
+    if not world.is_main:  # rank 0 generates (or checks) the data; the others wait and reuse it
+        barrier(world)
+    n_procs = max(cfg.n_workers, 1)
+    root = data_root(cfg.data, n_procs=n_procs)
+    started = time.perf_counter()
+    listing = list_usable(
+        root, cfg.on_bad_sample, cache_dir(cfg.data.cache_dir), n_procs, data_layout(cfg.data)
+    )
+    data = JobData(listing, time.perf_counter() - started)
+    n_usable = len(listing.usable.records)
+    if n_usable < cfg.batch_size:
+        raise ConfigError(
+            f"batch_size={cfg.batch_size} is larger than the {n_usable} usable samples "
+            f"in {root}; with drop_last no batch would be delivered. Use a smaller batch_size "
+            "(or more data: data.n_images for the synthetic set)"
+        )
+    return data

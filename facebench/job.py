@@ -1,0 +1,67 @@
+"""Where and how one job runs: its place in a torchrun job, its device and precision, and how
+its MLflow run is named, described and tagged."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from facebench.config import TrainConfig
+from facebench.device import Precision, hardware_tags, resolve_device, resolve_precision
+from facebench.distributed import World, world_from_env
+from facebench.distributed import start as start_distributed
+from facebench.tracking import flatten, git_commit
+
+
+def run_name(cfg: TrainConfig, precision: str) -> str:
+    """dataset-w5-bs600-fp16; the model is named when it is not the article's ResNet-50."""
+    name = f"{cfg.loader.name}-w{cfg.n_workers}-bs{cfg.batch_size}"
+    if cfg.model == "none":
+        return f"{name}-host-only" if cfg.host_only else f"{name}-loader-only"
+    name = f"{name}-{precision}"
+    return name if cfg.model == "resnet50" else f"{name}-{cfg.model}"
+
+
+@dataclass(frozen=True)
+class Job:
+    world: World
+    device: torch.device
+    precision: Precision
+
+    @classmethod
+    def start(cls, cfg: TrainConfig) -> Job:
+        world = world_from_env()
+        device = resolve_device(cfg.device, world.local_rank, world.distributed)
+        start_distributed(world, device)
+        return cls(world, device, resolve_precision(cfg.amp, device))
+
+    def name(self, cfg: TrainConfig) -> str:
+        name = run_name(cfg, self.precision.name)
+        return f"{name}-x{self.world.world_size}" if self.world.distributed else name
+
+    def params(self, cfg: TrainConfig) -> dict[str, Any]:
+        """The whole config, flattened (`loader.crop`), and what this job resolved it to."""
+        params: dict[str, Any] = flatten(dataclasses.asdict(cfg))
+        params.update(
+            loader=cfg.loader.name,
+            data=cfg.data.name,
+            model=cfg.model,
+            amp_resolved=self.precision.name,  # `amp` is what was asked (auto, say)
+            amp_reason=self.precision.reason,
+            device_type=self.device.type,
+            world_size=self.world.world_size,
+        )
+        return params
+
+    def tags(self, sweep_id: str | None) -> dict[str, str]:
+        tags = {
+            **hardware_tags(self.device),
+            "torch_version": torch.__version__,
+            "git_commit": git_commit(),
+        }
+        if sweep_id:
+            tags["sweep_id"] = sweep_id
+        return tags

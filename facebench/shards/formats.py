@@ -1,0 +1,64 @@
+"""What a shard format is, and the formats there are: the one registry that prepare.py's
+`format=`, each loader's LoaderSpec and the benchmarks read.
+
+A format is written either shard by shard (`encode`: a list of samples -> one shard's bytes;
+resumable, in worker processes) or whole, by its own library (`write_set`: every sample -> the
+files of the set, in a folder of their own). Adding a format is one module that defines
+`FORMAT = ShardFormat(...)`, listed in `_MODULES` below.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from facebench.data.records import Record
+from facebench.errors import ConfigError
+from facebench.extras import Requirement
+from facebench.shards.manifest import ShardEntry
+
+Samples = list[tuple[int, Record]]  # (sample id, record), in the order the set stores them
+
+
+@dataclass(frozen=True)
+class ShardFormat:
+    name: str  # prepare.py format=<name>
+    suffix: str  # of each shard's file
+    # Whether its shards hold samples resized to transform.resize (so that a change of the resize
+    # rebuilds the set) rather than the original or decoded images.
+    resized: bool
+    # Each shard's bytes on disk, for shards of these sample counts: (sizes, records, resize).
+    estimate_bytes: Callable[[list[int], list[Record], int], list[float]]
+    # Shard by shard: (samples, resize) -> the shard's bytes.
+    encode: Callable[[Samples, int], bytes] | None = None
+    # Whole set: (samples, folder, n_procs, cache, resize) -> the entries of the files it wrote.
+    write_set: Callable[[Samples, Path, int, Path, int], list[ShardEntry]] | None = None
+    # Whole set: whether a file of this name may be one of the library's own.
+    writes: Callable[[str], bool] | None = None
+    requires: Requirement | None = None
+
+    @property
+    def whole_set(self) -> bool:
+        return self.write_set is not None
+
+
+_MODULES = ("pickle_format", "raw_format", "tar_format", "litdata_format")
+
+
+def _all() -> dict[str, ShardFormat]:
+    found = [importlib.import_module(f"facebench.shards.{m}").FORMAT for m in _MODULES]
+    return {shard_format.name: shard_format for shard_format in found}
+
+
+def names() -> list[str]:
+    return list(_all())
+
+
+def get(name: str) -> ShardFormat:
+    """The format `format=<name>` names; one line with the choices when there is none."""
+    formats = _all()
+    if name not in formats:
+        raise ConfigError(f"format={name}: use one of {', '.join(formats)}")
+    return formats[name]

@@ -1,0 +1,40 @@
+"""Which samples go to which shard: one shuffle of all samples, cut into shard_size; and the
+disk the set will take."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from facebench.data.records import Record
+from facebench.shards import room
+from facebench.shards.formats import ShardFormat
+
+SHARD_PREFIX = "shard-"
+
+
+@dataclass(frozen=True)
+class Cut:
+    names: list[str]  # each shard's file name
+    chunks: list[np.ndarray]  # each shard's samples, as positions in the records
+
+    def order(self) -> np.ndarray:
+        """Every sample, in the shuffled order the shards hold them."""
+        return np.concatenate(self.chunks) if self.chunks else np.array([], dtype=np.int64)
+
+    def needed_bytes(
+        self, folder: Path, shard_format: ShardFormat, records: list[Record], resize: int
+    ) -> int:
+        """What the set takes on disk, indexes and the build's records included."""
+        sizes = [len(chunk) for chunk in self.chunks]
+        shard_bytes = shard_format.estimate_bytes(sizes, records, resize)
+        return room.set_bytes(shard_bytes, len(records), room.block_size(folder))
+
+
+def cut(n_samples: int, seed: int, shard_size: int, shard_format: ShardFormat) -> Cut:
+    order = np.random.default_rng(seed).permutation(n_samples)
+    chunks = [order[start : start + shard_size] for start in range(0, n_samples, shard_size)]
+    names = [f"{SHARD_PREFIX}{index:05d}{shard_format.suffix}" for index in range(len(chunks))]
+    return Cut(names, chunks)

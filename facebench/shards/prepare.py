@@ -1,0 +1,71 @@
+"""prepare.py's job: build the shards of the configured data, or say they are up to date."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from facebench.config import PrepareConfig
+from facebench.data.images import set_max_pixels
+from facebench.errors import Interrupted, interruption
+from facebench.paths import cache_dir, data_layout, data_root, shards_root
+from facebench.shards import formats
+from facebench.shards.build import ShardSet, ensure_shards
+from facebench.tracking import write_results
+
+log = logging.getLogger(__name__)
+
+
+def run_prepare(
+    cfg: PrepareConfig,
+    output_dir: Path | None = None,
+    sweep_id: str | None = None,
+    multirun: bool = False,
+) -> ShardSet:
+    """Build the shards for the configured data, or say they are up to date."""
+    shard_format = formats.get(cfg.format)
+    if shard_format.requires is not None:
+        shard_format.requires.require(f"format={cfg.format}")
+    set_max_pixels(cfg.data.max_pixels)  # before any worker is forked: they inherit it
+    n_procs = max(cfg.n_workers, 1)
+    root = data_root(cfg.data, n_procs=n_procs)
+    folder = shards_root(cfg.shards_dir, root, cfg.format)
+    try:
+        shard_set = ensure_shards(
+            root,
+            folder,
+            cfg.format,
+            cfg.seed,
+            cfg.shard_size,
+            n_procs,
+            on_bad_sample=cfg.on_bad_sample,
+            cache=cache_dir(cfg.data.cache_dir),
+            layout=data_layout(cfg.data),
+            resize=cfg.transform.resize,
+        )
+    except BaseException as error:
+        stop = interruption(error)
+        if stop is None:
+            raise
+        outcome = (
+            f"nothing was written to {folder} (format={cfg.format} is built whole; the next "
+            "prepare.py starts it again)"
+            if shard_format.whole_set
+            else f"shards finished so far in {folder} are kept; the next prepare.py resumes"
+        )
+        raise Interrupted.of(stop, outcome) from error
+    verb = "built" if shard_set.built else "checked"
+    log.info("%s %s in %.1f s", verb, folder, shard_set.seconds)
+    if output_dir is not None:
+        write_results(
+            output_dir / "results.json",
+            {
+                "shards_dir": str(folder),
+                "built": shard_set.built,
+                "prepare_s": shard_set.seconds,
+                "n_shards": len(shard_set.manifest.shards),
+                "n_samples": shard_set.manifest.n_samples,
+                "samples_skipped": shard_set.skipped,
+            },
+        )
+    return shard_set
