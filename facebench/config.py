@@ -3,23 +3,21 @@
 Each YAML option under conf/ names its schema in its own defaults list, so a typo, a wrong type
 or a value outside a key's choices (`n_workers=abc`, `amp=fp8`, `cache=hot`) fails when the config
 is composed, before any work. Every key with fixed choices has them here, once, as an Enum. Values
-that a type cannot express (`batch_size=0`) are checked by `validate`.
+that a type cannot express (`batch_size=0`) are checked by `validate` (facebench/config_checks.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
-import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
 from hydra.core.config_store import ConfigStore
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from facebench.config_checks import validate
 from facebench.data.images import DEFAULT_MAX_PIXELS
 from facebench.errors import ConfigError
 
@@ -202,9 +200,6 @@ class AdviseConfig(TrainConfig):
     workers: list[int] = dataclasses.field(default_factory=list)
 
 
-_DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
-
-
 def register_configs() -> None:
     """Put the schemas where the YAML files' defaults lists can find them."""
     cs = ConfigStore.instance()
@@ -215,167 +210,8 @@ def register_configs() -> None:
     cs.store(group="loader", name="loader_schema", node=LoaderConfig)
 
 
-SEED_RANGE = (0, 2**32 - 1)  # what numpy and torch accept as a seed
-
-
-def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
-    """Keys that no schema declares (Hydra's `+key=value` adds them without a check)."""
-    schema = OmegaConf.get_type(node)
-    if not dataclasses.is_dataclass(schema):
-        return []
-    declared = {field.name for field in dataclasses.fields(schema)}
-    found = []
-    for key in node:
-        if key not in declared:
-            found.append(f"{prefix}{key}")
-        elif isinstance(node[key], DictConfig):
-            found += unknown_keys(node[key], f"{prefix}{key}.")
-    return found
-
-
-def _chosen_on_command_line(override: str) -> bool:
-    """Whether this job's command line (or sweep) asked for `override` itself."""
-    if not HydraConfig.initialized():
-        return False
-    return override in (item.replace(" ", "") for item in HydraConfig.get().overrides.task)
-
-
-def _transform_problems(transform: DictConfig | None) -> list[str]:
-    if transform is None:
-        return []
-    problems = []
-    if transform.crop < 1 or transform.crop > transform.resize:
-        problems.append(
-            f"transform.crop={transform.crop}: must be from 1 to transform.resize "
-            f"({transform.resize}): the crop is taken from the resized image"
-        )
-    for key in ("mean", "std"):
-        values = list(transform[key])
-        if len(values) != 3:
-            problems.append(f"transform.{key}={values}: give one value per channel (R, G, B)")
-        elif not all(math.isfinite(value) for value in values):
-            problems.append(f"transform.{key}={values}: every value must be a finite number")
-    if any(value <= 0 for value in transform.std):
-        problems.append(f"transform.std={list(transform.std)}: every value must be above 0")
-    return problems
-
-
 def typed(cfg: DictConfig) -> Any:
     """The composed config, checked, as the objects of its schemas (TrainConfig, PrepareConfig
     or AdviseConfig, with the chosen loader's options class): what every job receives."""
     validate(cfg)
     return OmegaConf.to_object(cfg)
-
-
-def validate(cfg: DictConfig) -> None:
-    """Check the values a type cannot: one clear line per mistake, naming the key."""
-    problems: list[str] = [
-        f"{key}: no such key (check its spelling; `python train.py --cfg job` lists them all)"
-        for key in unknown_keys(cfg)
-    ]
-    problems += _range_problems(cfg)
-    problems += _transform_problems(cfg.get("transform"))
-    problems += _mode_problems(cfg)
-    problems += _data_problems(cfg.data)
-    problems += _choice_problems(cfg)
-    if problems:
-        raise ConfigError("invalid config: " + "; ".join(problems))
-
-
-def _choice_problems(cfg: DictConfig) -> list[str]:
-    """Names that must be among the registered ones (shard formats, loaders) and advise's own
-    amounts."""
-    from facebench import loaders  # the registries import the schemas above
-    from facebench.shards import formats
-
-    problems = []
-    shard_format = OmegaConf.select(cfg, "format")
-    if shard_format is not None and shard_format not in formats.names():
-        problems.append(f"format={shard_format}: use one of {', '.join(formats.names())}")
-    for name in OmegaConf.select(cfg, "loaders") or []:
-        if name not in loaders.names(real_only=True):
-            choices = ", ".join(loaders.names(real_only=True))
-            problems.append(f"loaders: {name} is no loader; choose from {choices}")
-    for key in ("budget_s", "sample_images"):
-        value = OmegaConf.select(cfg, key)
-        if value is not None and value <= 0:
-            problems.append(f"{key}={value}: must be above 0")
-    if any(count < 1 for count in OmegaConf.select(cfg, "workers") or []):
-        problems.append(f"workers={list(cfg.workers)}: every worker count must be 1 or more")
-    return problems
-
-
-_AT_LEAST_ONE = (
-    "batch_size",
-    "epochs",
-    "repeat",
-    "shard_size",
-    "loader.prefetch_factor",
-    "loader.shuffle_buffer",
-)
-
-
-def _range_problems(cfg: DictConfig) -> list[str]:
-    """Numbers outside what their key allows."""
-    problems = []
-    for key in _AT_LEAST_ONE:
-        value = OmegaConf.select(cfg, key)
-        if value is not None and value < 1:
-            problems.append(f"{key}={value}: must be at least 1")
-    for key in ("n_workers", "max_batches", "data.max_pixels"):
-        value = OmegaConf.select(cfg, key)
-        if value is not None and value < 0:
-            problems.append(f"{key}={value}: must be 0 or more")
-    for key in ("seed", "data.seed"):
-        value = OmegaConf.select(cfg, key)
-        if value is not None and not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
-            problems.append(f"{key}={value}: use a seed from 0 to 2**32 - 1")
-    device = OmegaConf.select(cfg, "device")
-    if device is not None and not _DEVICE.match(device):
-        problems.append(f"device={device}: use auto, cpu, cuda or cuda:N")
-    sample_hz = OmegaConf.select(cfg, "sample_hz")
-    if sample_hz is not None and not 0 <= sample_hz <= 100:
-        problems.append(f"sample_hz={sample_hz}: use 0 (off) to 100")
-    return problems
-
-
-def _mode_problems(cfg: DictConfig) -> list[str]:
-    """Choices that contradict each other."""
-    problems = []
-    if OmegaConf.select(cfg, "loader.name") == "synthetic" and cfg.model == "none":
-        problems.append(
-            "loader=synthetic with model=none measures nothing: it hands the same batch, already "
-            "on the device, to no model. It is the compute ceiling: use it with a model"
-        )
-    if OmegaConf.select(cfg, "host_only") and cfg.model != "none":
-        problems.append(
-            f"host_only=true measures the loader alone; it needs model=none (not model={cfg.model})"
-        )
-    return problems
-
-
-def _data_problems(data: DictConfig) -> list[str]:
-    """A data config that cannot be read as it stands."""
-    problems = []
-    if data.name == "synthetic" and data.n_images < 1:
-        problems.append(f"data.n_images={data.n_images}: the synthetic set needs at least 1 image")
-    if data.name == "synthetic" and data.root:
-        ignored = (
-            f"data.root={data.root}: data=synthetic generates its own images and would ignore it"
-        )
-        if _chosen_on_command_line("data=synthetic"):  # a sweep over data=synthetic,<real>
-            log.warning("%s", ignored)
-        else:
-            problems.append(f"{ignored}; add data=folder (or data=celeba_digiface) to read it")
-    if data.name != "synthetic" and not data.root:
-        holding = "one folder per class" if data.layout == "folder" else "CelebA/ and DigiFace1M/"
-        problems.append(
-            f"data.root is empty: data={data.name} reads a real dataset; "
-            f"pass data.root=/path/to/the/folder that holds {holding}"
-        )
-    if data.labels and data.layout != "folder":
-        problems.append(
-            f"data.labels={data.labels}: a labels CSV is read with data=folder (layout=folder); "
-            "CelebA's labels come from identity_CelebA.txt"
-        )
-    return problems

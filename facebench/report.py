@@ -17,14 +17,14 @@ import argparse
 import logging
 import math
 import sys
-import textwrap
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 from facebench.errors import FacebenchError
 from facebench.paths import PROJECT_ROOT
-from facebench.tracking import EXPERIMENT, REPORTS_EXPERIMENT, Tracker, check_server, tracking_uri
+from facebench.tracking import EXPERIMENT, REPORTS_EXPERIMENT, Tracker, tracking_uri
+from facebench.tracking_store import check_server
 
 log = logging.getLogger("facebench.report")
 
@@ -136,7 +136,7 @@ def _column(params: dict[str, str], options: tuple[str, ...]) -> str:
     return f"{params['loader']} ({detail})"
 
 
-def _ordered(loaders: set[str]) -> list[str]:
+def ordered(loaders: set[str]) -> list[str]:
     seed = [
         column
         for name in ARTICLE_LOADERS
@@ -146,7 +146,7 @@ def _ordered(loaders: set[str]) -> list[str]:
     return seed + sorted(loaders - set(seed))
 
 
-def _ceiling(table: Table) -> float | None:
+def ceiling_of(table: Table) -> float | None:
     ceilings = [row[CEILING].images_per_s for row in table.values() if CEILING in row]
     return max(ceilings) if ceilings else None
 
@@ -157,8 +157,8 @@ def title(settings: Settings) -> str:
 
 def render(settings: Settings, table: Table) -> str:
     """One settings group as a Markdown table: rows n_workers, columns loaders."""
-    loaders = _ordered({loader for row in table.values() for loader in row if loader != CEILING})
-    ceiling = _ceiling(table)
+    loaders = ordered({loader for row in table.values() for loader in row if loader != CEILING})
+    ceiling = ceiling_of(table)
     lines = [f"### {title(settings)}", ""]
     header = ["n workers", *loaders]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -200,7 +200,7 @@ def render_article() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _article_table() -> Table:
+def article_table() -> Table:
     return {
         workers: {
             name: Cell(seconds, ARTICLE_IMAGES / seconds, 1) for name, seconds in loaders.items()
@@ -209,64 +209,13 @@ def _article_table() -> Table:
     }
 
 
-def loader_colour(column: str) -> str:
-    """A loader keeps its colour in every panel and chart: its place among the loaders."""
-    from facebench import loaders  # the registry (imported when a chart is drawn)
-
-    names = loaders.names(real_only=True)
-    name = column.split(" (")[0]
-    return f"C{names.index(name) % 9}" if name in names else "C9"
-
-
-def _panel(axis, table: Table, heading: str) -> None:
-    """Horizontal bars, grouped by n_workers (ascending, top down), each labelled with its
-    images/s; the compute ceiling is a line, not a bar."""
-    loaders = _ordered({loader for row in table.values() for loader in row if loader != CEILING})
-    labels, values, colors = [], [], []
-    for workers in sorted(table):
-        for loader in loaders:
-            if loader in table[workers]:
-                labels.append(f"{loader}, {workers} workers")
-                values.append(table[workers][loader].images_per_s)
-                colors.append(loader_colour(loader))
-    positions = list(range(len(values)))[::-1]
-    bars = axis.barh(positions, values, color=colors)
-    axis.bar_label(bars, labels=[f"{value:,.0f}" for value in values], padding=3, fontsize=8)
-    axis.set_yticks(positions, labels, fontsize=8)
-    ceiling = _ceiling(table)
-    if ceiling:
-        axis.axvline(ceiling, color="black", linestyle="--", linewidth=1)
-        axis.text(ceiling, len(values) - 0.7, f" compute ceiling\n {ceiling:,.0f}", fontsize=8)
-    axis.set_xlim(0, 1.18 * max([*values, ceiling or 0]))
-    axis.set_xlabel("images/s (whole epoch, start-up included)")
-    axis.set_title("\n".join(textwrap.wrap(heading, 90)), fontsize=9, loc="left")
-
-
-def chart(grouped: dict[Settings, Table], path: Path, with_article: bool) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = [(title(settings), table) for settings, table in grouped.items()]
-    if with_article:
-        heading = "The article: 922,599 images, batch 600, RTX 2080 Ti (its seconds, as img/s)"
-        panels.append((heading, _article_table()))
-    heights = [1.2 + 0.28 * sum(len(row) for row in table.values()) for _, table in panels]
-    figure, axes = plt.subplots(
-        len(panels), 1, figsize=(10, sum(heights)), squeeze=False, height_ratios=heights
-    )
-    for axis, (heading, table) in zip(axes[:, 0], panels, strict=True):
-        _panel(axis, table, heading)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-
-
 def report(
     sweep: str | None, with_article: bool, out: Path | None, log_artifacts: bool = True
 ) -> str:
+    """The sweep's table (and the article's), written to `out` as report.md and report.png."""
     import mlflow
+
+    from facebench.report_chart import chart  # matplotlib, only when a report is drawn
 
     check_server(tracking_uri())
     mlflow.set_tracking_uri(tracking_uri())

@@ -9,23 +9,20 @@ table (facebench.mlflow_views) whose URL opens the headline numbers side by side
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
 import subprocess
-import tempfile
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from facebench import mlflow_views as views
 from facebench.errors import TrackingError
 from facebench.paths import PROJECT_ROOT
 from facebench.printable import printable, printable_mapping
+from facebench.tracking_store import check_server, check_writable_store, store_lock
 
 log = logging.getLogger(__name__)
 
@@ -35,64 +32,10 @@ ALL_RUNS_VIEW = "facebench"  # the shared view of every training run
 SYSTEM_METRICS_INTERVAL_S = 1
 _SIGNIFICANT_DIGITS = 6  # far finer than any measurement here repeats
 _PARAM_LIMIT = 6000  # MLflow's longest param value
-_SERVER_TIMEOUT_S = 5
-# MLflow retries a server that does not answer for minutes, with backoff; after the one quick
-# check below, a few retries are enough.
-_HTTP_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
 
 
 def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{PROJECT_ROOT / 'mlflow.db'}"
-
-
-def check_server(uri: str) -> None:
-    """A tracking server must answer its health check within seconds, or the run stops now."""
-    if not uri.startswith(("http://", "https://")):
-        return
-    for name, value in _HTTP_RETRIES.items():
-        os.environ.setdefault(name, value)
-    try:
-        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=_SERVER_TIMEOUT_S):
-            return
-    except urllib.error.HTTPError:
-        return  # it answered; a server behind a proxy may not have /health
-    except (OSError, ValueError) as error:
-        reason = getattr(error, "reason", error)
-        raise TrackingError(
-            f"MLflow server {uri} does not answer ({reason}). Start it (mlflow server), fix "
-            "MLFLOW_TRACKING_URI, or run with tracking=false"
-        ) from None
-
-
-def check_writable_store(uri: str) -> None:
-    """A SQLite store's folder must take a new file and its database must open for writing:
-    checked at once, where MLflow would retry a store it cannot write for about two minutes (a
-    read-only mount, /proc)."""
-    if not uri.startswith("sqlite:///"):
-        return
-    database = Path(uri.removeprefix("sqlite:///"))
-    try:
-        database.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        _unwritable(uri, f"its folder {database.parent} cannot be made: {error.strerror}")
-    try:
-        with tempfile.NamedTemporaryFile(dir=database.parent, prefix=".facebench-probe-"):
-            pass
-    except OSError as error:
-        _unwritable(uri, f"no new file can be made in {database.parent}: {error.strerror}")
-    if database.exists():
-        try:
-            with open(database, "r+b"):
-                pass
-        except OSError as error:
-            _unwritable(uri, f"{database} does not open for writing: {error.strerror}")
-
-
-def _unwritable(uri: str, why: str) -> NoReturn:
-    raise TrackingError(
-        f"MLflow store {uri} cannot be written ({why}). Set "
-        "MLFLOW_TRACKING_URI=sqlite:////a/writable/folder/mlflow.db, or run with tracking=false"
-    ) from None
 
 
 def artifact_root(uri: str) -> str | None:
@@ -173,7 +116,7 @@ class Tracker:
         check_server(uri)
         check_writable_store(uri)
         try:
-            with _store_lock(uri):
+            with store_lock(uri):
                 mlflow.set_tracking_uri(uri)
                 experiment_id = self.experiment_id = _experiment_id(mlflow, uri, self.experiment)
                 if system_metrics:
@@ -251,28 +194,6 @@ class Tracker:
         import mlflow
 
         mlflow.log_artifact(str(path))
-
-
-@contextmanager
-def _store_lock(uri: str) -> Iterator[None]:
-    """Jobs that start together (a launcher running a sweep in parallel) would each create a new
-    SQLite store's tables at once and trip over each other; one at a time, they do not."""
-    if not uri.startswith("sqlite:///"):
-        yield
-        return
-    database = Path(uri.removeprefix("sqlite:///"))
-    try:
-        database.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(database.with_name(database.name + ".lock"), "a")  # noqa: SIM115
-    except OSError:
-        yield  # an unusable folder: let MLflow report it
-        return
-    with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _experiment_id(mlflow: Any, uri: str, name: str = EXPERIMENT) -> str:

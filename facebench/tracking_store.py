@@ -1,0 +1,94 @@
+"""An MLflow store checked before a run uses it, in seconds: a server that does not answer, a
+SQLite store that cannot be written (MLflow would retry either for minutes); and one job at a
+time creating a new SQLite store's tables."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import NoReturn
+
+from facebench.errors import TrackingError
+
+_SERVER_TIMEOUT_S = 5
+# MLflow retries a server that does not answer for minutes, with backoff; after the one quick
+# check below, a few retries are enough.
+_HTTP_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+
+
+def check_server(uri: str) -> None:
+    """A tracking server must answer its health check within seconds, or the run stops now."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    for name, value in _HTTP_RETRIES.items():
+        os.environ.setdefault(name, value)
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=_SERVER_TIMEOUT_S):
+            return
+    except urllib.error.HTTPError:
+        return  # it answered; a server behind a proxy may not have /health
+    except (OSError, ValueError) as error:
+        reason = getattr(error, "reason", error)
+        raise TrackingError(
+            f"MLflow server {uri} does not answer ({reason}). Start it (mlflow server), fix "
+            "MLFLOW_TRACKING_URI, or run with tracking=false"
+        ) from None
+
+
+def check_writable_store(uri: str) -> None:
+    """A SQLite store's folder must take a new file and its database must open for writing:
+    checked at once, where MLflow would retry a store it cannot write for about two minutes (a
+    read-only mount, /proc)."""
+    if not uri.startswith("sqlite:///"):
+        return
+    database = Path(uri.removeprefix("sqlite:///"))
+    try:
+        database.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        _unwritable(uri, f"its folder {database.parent} cannot be made: {error.strerror}")
+    try:
+        with tempfile.NamedTemporaryFile(dir=database.parent, prefix=".facebench-probe-"):
+            pass
+    except OSError as error:
+        _unwritable(uri, f"no new file can be made in {database.parent}: {error.strerror}")
+    if database.exists():
+        try:
+            with open(database, "r+b"):
+                pass
+        except OSError as error:
+            _unwritable(uri, f"{database} does not open for writing: {error.strerror}")
+
+
+def _unwritable(uri: str, why: str) -> NoReturn:
+    raise TrackingError(
+        f"MLflow store {uri} cannot be written ({why}). Set "
+        "MLFLOW_TRACKING_URI=sqlite:////a/writable/folder/mlflow.db, or run with tracking=false"
+    ) from None
+
+
+@contextmanager
+def store_lock(uri: str) -> Iterator[None]:
+    """Jobs that start together (a launcher running a sweep in parallel) would each create a new
+    SQLite store's tables at once and trip over each other; one at a time, they do not."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    database = Path(uri.removeprefix("sqlite:///"))
+    try:
+        database.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(database.with_name(database.name + ".lock"), "a")  # noqa: SIM115
+    except OSError:
+        yield  # an unusable folder: let MLflow report it
+        return
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
