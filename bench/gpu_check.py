@@ -4,13 +4,13 @@
     python bench/gpu_check.py --dry-run       # the same steps on this CPU, at a tiny size
 
 Steps: the gpu-marked tests; a synthetic set of --n-images (100,000 by default) and every shard
-format built for it; then every loader with n_workers=--workers, three ways, each as one Hydra
-sweep (one process, MLflow off): loader-only stopping at the hand-over (host_only=true),
-loader-only with the copy and finishing on the GPU, and with ResNet-50 under AMP; and the compute
-ceiling (loader=synthetic, ResNet-50). Prints a table (images/s, steady images/s, gpu_busy_frac,
-gpu_util_mean, data_wait_frac, first batch) and writes it into docs/benchmarks.md with the date,
-GPU, CPU cores and versions (--no-write to skip). Loaders whose library is not installed (dali,
-litdata) are skipped, and the table says so.
+format built for it (one prepare.py sweep); then every loader with n_workers=--workers, three
+ways, in two Hydra sweeps (one process each, MLflow off): loader-only stopping at the hand-over
+(host_only=true) and loader-only with the copy and finishing on the GPU; then with ResNet-50
+under AMP, beside the compute ceiling (loader=synthetic, ResNet-50). Prints a table (images/s,
+steady images/s, gpu_busy_frac, gpu_util_mean, data_wait_frac, first batch) and writes it into
+docs/benchmarks.md with the date, GPU, CPU cores and versions (--no-write to skip). Loaders
+whose library is not installed (dali, litdata) are skipped, and the table says so.
 
 It runs from a checkout with the packages the machine has (torch, torchvision, numpy, pillow,
 psutil, nvidia-ml-py, tqdm) and wheels for the rest (hydra-core, omegaconf, antlr4, torchdata,
@@ -32,14 +32,15 @@ from pathlib import Path
 from common import machine, stamp, table, write_section
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-# Each mode's name, its folder, and its overrides.
+# Each mode's name and the (model, host_only) its jobs ran with.
 MODES = {
-    "host only": ("host-only", ["model=none", "host_only=true"]),
-    "loader only, GPU finishes": ("loader-only", ["model=none"]),
-    "ResNet-50 AMP": ("resnet50", ["model=resnet50", "amp=auto"]),
+    "host only": ("none", True),
+    "loader only, GPU finishes": ("none", False),
+    "ResNet-50 AMP": ("resnet50", False),
 }
-# On a CPU a ResNet-50 step takes seconds: a dry run takes one, in fp32 (bf16 is slower there).
-_DRY_MODEL = ["model=resnet50", "amp=off", "max_batches=1"]
+# On a CPU a ResNet-50 step takes seconds: a dry run checks the steps with one step of the
+# smaller ResNet-18 (the same code path), in fp32 (bf16 may be emulated there).
+_DRY_MODEL = ["model=resnet18", "amp=off", "max_batches=1"]
 _REQUIRED = ["hydra", "omegaconf", "torchdata", "webdataset", "torch", "torchvision", "psutil"]
 
 
@@ -80,8 +81,9 @@ def run(command: list[str], env: dict[str, str], log: Path) -> subprocess.Comple
 
 def sweep(
     loaders: list[str], mode: list[str], common: list[str], out: Path, env: dict[str, str]
-) -> dict[str, dict]:
-    """One `train.py -m` over the loaders; each job's results.json, by loader."""
+) -> dict[tuple[str, bool, str], dict]:
+    """One `train.py -m` over the loaders (and whatever `mode` sweeps too); each job's
+    results.json, by (loader, host_only, model), the model counted as "resnet50" for all."""
     out.mkdir(parents=True, exist_ok=True)
     command = [
         sys.executable,
@@ -97,7 +99,9 @@ def sweep(
     found = {}
     for path in out.glob("*/results.json"):
         job = json.loads(path.read_text())
-        found[job["params"]["loader"]] = job
+        params = job["params"]
+        model = "none" if params["model"] == "none" else "resnet50"
+        found[(params["loader"], bool(params["host_only"]), model)] = job
     return found
 
 
@@ -175,32 +179,33 @@ def main(argv: list[str] | None = None) -> int:
         )
         summary = (tests.stdout.strip().splitlines() or ["(no output)"])[-1]
         lines.append(f"gpu-marked tests: {summary}")
-    for shard_format in known_formats():
-        prepare = [
-            sys.executable,
-            "prepare.py",
-            f"format={shard_format}",
-            f"data.cache_dir={cache}",
-            f"data.n_images={n_images}",
-            f"n_workers={os.cpu_count() or 1}",
-            f"hydra.run.dir={scratch / ('prepare-' + shard_format)}",
-        ]
-        result = run(prepare, env, scratch / f"prepare-{shard_format}.log")
-        if result.returncode != 0:
-            lines.append(f"prepare.py format={shard_format} failed: see {scratch}")
+    formats = ",".join(known_formats())
+    prepare = [
+        sys.executable,
+        "prepare.py",
+        "-m",
+        f"format={formats}",
+        f"data.cache_dir={cache}",
+        f"data.n_images={n_images}",
+        f"n_workers={os.cpu_count() or 1}",
+        f"hydra.sweep.dir={scratch / 'prepare'}",
+    ]
+    if run(prepare, env, scratch / "prepare.log").returncode != 0:
+        lines.append(f"prepare.py -m format={formats} failed: see {scratch / 'prepare.log'}")
     from facebench import loaders as registry
 
     loaders = known_loaders()
     skipped = [name for name in registry.names(real_only=True) if name not in loaders]
-    rows = []
-    for mode, (folder, overrides) in MODES.items():
-        if dry and folder == "resnet50":
-            overrides = _DRY_MODEL
-        jobs = sweep(loaders, overrides, common, scratch / folder, env)
-        rows += [row(mode, loader, jobs.get(loader)) for loader in loaders]
-    ceiling = _DRY_MODEL if dry else ["model=resnet50"]
-    jobs = sweep(["synthetic"], ceiling, common, scratch / "ceiling", env)
-    rows.append(row("compute ceiling", "synthetic", jobs.get("synthetic")))
+    host = ["model=none", "host_only=true,false"]
+    jobs = sweep(loaders, host, common, scratch / "loader-only", env)
+    model = _DRY_MODEL if dry else ["model=resnet50", "amp=auto"]
+    jobs |= sweep([*loaders, "synthetic"], model, common, scratch / "resnet50", env)
+    rows = [
+        row(mode, loader, jobs.get((loader, host_only, model_name)))
+        for mode, (model_name, host_only) in MODES.items()
+        for loader in loaders
+    ]
+    rows.append(row("compute ceiling", "synthetic", jobs.get(("synthetic", False, "resnet50"))))
     header = [
         "mode",
         "loader",
