@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import logging
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from facebench.config import typed
 from facebench.data.synthetic import ensure_synthetic
 from facebench.jobs import configure
 from facebench.paths import PROJECT_ROOT
+from tests.helpers import FAST_LOADERS, LOADERS
 
 CONF_DIR = str(PROJECT_ROOT / "conf")
 
@@ -100,21 +103,52 @@ def make_cfg(cache: Path) -> Callable[..., Any]:
 
 
 @pytest.fixture
-def isolated_env(tmp_path: Path) -> dict[str, str]:
+def prepare_here(make_cfg, caplog) -> Callable[..., str]:
+    """prepare.py's job with these overrides, run in this process; what it logged. For the
+    builds a test needs finished, not killed (only those need processes of their own)."""
+    from facebench.shards.prepare import run_prepare
+
+    def run(*overrides: str) -> str:
+        with caplog.at_level(logging.INFO):
+            run_prepare(make_cfg(*overrides, config_name="prepare"))
+        return caplog.text
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def empty_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An MLflow SQLite store with its tables made and nothing in it. Making the tables takes
+    MLflow a second or two; tests copy this file instead of each paying for it."""
+    from mlflow import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow") / "empty.db"
+    MlflowClient(f"sqlite:///{path}").search_experiments()
+    return path
+
+
+@pytest.fixture
+def isolated_env(tmp_path: Path, empty_store: Path) -> dict[str, str]:
     """Environment for train.py subprocesses: a private MLflow store, no terminal tricks."""
     env = dict(os.environ)
+    shutil.copyfile(empty_store, tmp_path / "mlflow.db")
     env["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects by marker
 def pytest_collection_modifyitems(config, items):
-    """GPU tests are skipped, not deleted, where there is no CUDA device."""
+    """GPU tests are skipped, not deleted, where there is no CUDA device. A test run once per
+    loader runs in the fast subset for the loaders of FAST_LOADERS only (every loader if it is
+    marked every_loader); the full suite runs it for all."""
     import torch
 
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
+    skip = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
-        if "gpu" in item.keywords:
+        if skip is not None and "gpu" in item.keywords:
             item.add_marker(skip)
+        params = getattr(item, "callspec", None)
+        loader = params and (params.params.get("loader") or params.params.get("name"))
+        if loader in LOADERS and loader not in FAST_LOADERS and "every_loader" not in item.keywords:
+            item.add_marker(pytest.mark.slow)

@@ -29,6 +29,10 @@ THREADED = [name for name in LOADERS if TRAITS[name].workers != Workers.processe
 CLOSE = [name for name in LOADERS if TRAITS[name].pixels == Pixels.close]
 UINT8 = [name for name in LOADERS if TRAITS[name].handover == Handover.uint8]
 TOLERANCE = 4 / 255 / 0.225  # four grey levels, in normalized units
+# The loaders a per-loader test runs for in the fast subset (pytest -m "not slow"): one of each
+# kind, worker processes over image files (the article's), threads over pre-decoded shards, and
+# a streaming pipeline over tar shards. The full suite runs every loader.
+FAST_LOADERS = ["dataset", "raw", "webdataset"]
 
 
 def context(cfg, root: Path, device: str = "cpu", world: World | None = None) -> LoaderContext:

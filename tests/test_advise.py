@@ -111,6 +111,7 @@ def test_advise_answers_on_a_tiny_synthetic_set(tmp_path, cache, synthetic_root)
     assert (out / "advice.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow  # the command line itself
 def test_advise_is_a_hydra_app_that_shows_its_keys():
     result = subprocess.run(
         [sys.executable, "-m", "facebench.advise", "budget_s=42", "--cfg", "job"],

@@ -124,15 +124,15 @@ def _save(path, mode, size, fmt):
     path.write_bytes(buffer.getvalue())
 
 
-def test_grey_palette_and_rgb_images_are_converted(make_cfg, tree_factory):
+@pytest.mark.parametrize("loader", LOADERS)
+def test_grey_palette_and_rgb_images_are_converted(make_cfg, tree_factory, loader):
     root = tree_factory(celeba=_celeba(4), digiface={0: 4})
     images = root / "CelebA" / "img_align_celeba"
     _save(images / "000001.jpg", "L", (178, 218), "JPEG")
     _save(images / "000002.jpg", "P", (178, 218), "PNG")  # a palette image, named .jpg
     _save(root / "DigiFace1M" / "0" / "1.png", "RGB", (112, 112), "PNG")
-    for loader in LOADERS:
-        metrics = run_training(_cfg(make_cfg, root, f"loader={loader}", "batch_size=4"))
-        assert metrics["samples_seen"] == 8, loader
+    metrics = run_training(_cfg(make_cfg, root, f"loader={loader}", "batch_size=4"))
+    assert metrics["samples_seen"] == 8, loader
 
 
 def test_batch_larger_than_the_data_is_refused_up_front(make_cfg, tree_factory):

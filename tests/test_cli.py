@@ -176,6 +176,7 @@ def test_the_article_experiment_is_its_sweep():
     assert (cfg.batch_size, cfg.model, cfg.amp) == (600, "resnet50", "auto")
 
 
+@pytest.mark.slow  # the command line itself; the config it composes is checked above
 @pytest.mark.parametrize("spelling", ["experiment=article", "+experiment=article"])
 def test_the_article_experiment_is_chosen_with_or_without_a_plus(spelling):
     result = subprocess.run(

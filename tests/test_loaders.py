@@ -39,6 +39,7 @@ def _epoch(make_cfg, synthetic_root, name, n_workers, batch_size):
     return delivered(module.build(ctx))
 
 
+@pytest.mark.every_loader  # the contract itself: in the fast subset for every loader
 @pytest.mark.parametrize("name", LOADERS)
 @pytest.mark.parametrize("n_workers", [0, 2])
 def test_every_sample_exactly_once(make_cfg, synthetic_root, truth, name, n_workers):

@@ -3,6 +3,7 @@ pixels than memory holds. Every loader and every shard format: a correct run, or
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import subprocess
@@ -23,12 +24,14 @@ from tests.helpers import LOADERS
 ODD = os.fsdecode(b"\xff\xfe")  # bytes that are not UTF-8, as the OS hands them to Python
 
 
+@functools.cache  # a bomb takes a second to encode; every test writes the same bytes
 def _jpeg(size=(40, 30), colour=(200, 30, 60), mode="RGB") -> bytes:
     buffer = io.BytesIO()
     Image.new(mode, size, colour if mode == "RGB" else 90).save(buffer, format="JPEG")
     return buffer.getvalue()
 
 
+@functools.cache
 def _png(size=(40, 30), mode="RGB") -> bytes:
     buffer = io.BytesIO()
     Image.new(mode, size, 1 if mode == "1" else (10, 120, 200)).save(buffer, format="PNG")
@@ -71,6 +74,7 @@ def test_names_that_are_not_utf8_work_in_every_loader(make_cfg, tmp_path, loader
     assert metrics["samples_unique"] == metrics["samples_seen"]
 
 
+@pytest.mark.slow
 def test_an_odd_name_skipped_or_failing_is_logged_as_one_readable_line(tmp_path, isolated_env):
     root = _folder_tree(tmp_path / "data")
     (root / "plain" / f"broken {ODD}.jpg").write_bytes(b"not a JPEG at all")

@@ -61,6 +61,7 @@ def test_off_is_fp32_everywhere(cpu_with_bf16):
     assert resolve_precision("off", CUDA).name == "fp32"
 
 
+@pytest.mark.slow  # a fresh interpreter: the ISA limit is read when torch loads
 def test_a_cpu_limited_to_avx2_has_no_native_bf16():
     # oneDNN told to use AVX2 at most behaves as an AVX2-only CPU does.
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
