@@ -17,7 +17,6 @@ import psutil
 import pytest
 
 from facebench.errors import ShardError
-from facebench.paths import PROJECT_ROOT
 from facebench.shards import formats, owned
 from facebench.shards.build import ensure_shards
 from facebench.shards.manifest import Manifest
@@ -197,7 +196,7 @@ def _kill_mid_build(process: subprocess.Popen, folder: Path) -> list[psutil.Proc
     [("pickle", "pickle"), ("raw", "raw"), ("tar", "webdataset"), ("litdata", "litdata")],
 )
 def test_a_killed_build_never_blocks_the_next(
-    tmp_path, cache, isolated_env, synthetic_root, shard_format, loader
+    tmp_path, cache, synthetic_root, prepare_here, shard_format, loader
 ):
     shards = tmp_path / "shards"
     folder = shards / shard_format
@@ -216,25 +215,10 @@ def test_a_killed_build_never_blocks_the_next(
             orphan.kill()  # not to leave them to the rest of the suite
         assert not alive, f"{entry}.py's workers outlived it: {[p.pid for p in alive]}"
         assert Manifest.read(folder) is None
-    final = subprocess.run(
-        [
-            sys.executable,
-            str(PROJECT_ROOT / "prepare.py"),
-            f"data.cache_dir={cache}",
-            "data.n_images=120",
-            f"shards_dir={shards}",
-            "shard_size=10",
-            "n_workers=2",
-            f"format={shard_format}",
-            f"hydra.run.dir={tmp_path / 'final'}",
-        ],
-        capture_output=True,
-        text=True,
-        env=isolated_env,
-        timeout=300,
+    # The next build, in this process (only the killed ones need processes of their own).
+    output = prepare_here(
+        f"shards_dir={shards}", "shard_size=10", "n_workers=2", f"format={shard_format}"
     )
-    output = final.stdout + final.stderr
-    assert final.returncode == 0, output[-3000:]
     assert "waiting for" not in output
     assert "without finishing" in output and "taking over" in output
     assert Manifest.read(folder).n_samples == 120

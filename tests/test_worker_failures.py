@@ -27,43 +27,53 @@ def _open_files(limit: int):
     return apply
 
 
-def test_long_epochs_fit_a_small_open_file_limit(tmp_path, cache, isolated_env):
-    # 600 batches of one image with 2 workers, under a limit of 256 open files: a loop that
-    # kept every batch's tensors from the workers (one descriptor each) ran out after about 200.
-    sweep = tmp_path / "multirun"
+def _every_loader(sweep: Path, env: dict, *overrides: str, **run) -> tuple[str, int, dict]:
+    """One train.py sweep over every loader, n_workers=2 and no model or tracking: its output,
+    exit status and each job's results.json by loader."""
     result = subprocess.run(
         [
             sys.executable,
             str(PROJECT_ROOT / "train.py"),
             "-m",
             f"loader={','.join(LOADERS)}",
-            f"data.cache_dir={cache}",
-            "data.n_images=600",
-            "shards_dir=${data.cache_dir}/long-epochs",
-            "shard_size=100",
-            "batch_size=1",
             "n_workers=2",
             "model=none",
             "device=cpu",
             "tracking=false",
             f"hydra.sweep.dir={sweep}",
+            *overrides,
         ],
         capture_output=True,
         text=True,
-        env=isolated_env,
+        env=env,
         timeout=600,
+        **run,
+    )
+    jobs = {}
+    for path in sweep.glob("*/results.json"):
+        job = json.loads(path.read_text())
+        jobs[job["params"]["loader"]] = {**job, "log": (path.parent / "train.log").read_text()}
+    return result.stdout + result.stderr, result.returncode, jobs
+
+
+def test_long_epochs_fit_a_small_open_file_limit(tmp_path, cache, isolated_env):
+    # 600 batches of one image with 2 workers, under a limit of 256 open files: a loop that
+    # kept every batch's tensors from the workers (one descriptor each) ran out after about 200.
+    output, status, results = _every_loader(
+        tmp_path / "multirun",
+        isolated_env,
+        f"data.cache_dir={cache}",
+        "data.n_images=600",
+        "shards_dir=${data.cache_dir}/long-epochs",
+        "shard_size=100",
+        "batch_size=1",
         preexec_fn=_open_files(256),
     )
-    output = result.stdout + result.stderr
-    results = {}
-    for path in sweep.glob("*/results.json"):
-        run = json.loads(path.read_text())
-        results[run["params"]["loader"]] = run
     assert sorted(results) == sorted(LOADERS), output[-3000:]
     for loader, run in results.items():
         assert run["status"] == "FINISHED", (loader, output[-3000:])
         assert run["metrics"]["batches"] >= 600 - 2, loader  # one partial batch per worker
-    assert result.returncode == 0, output[-3000:]
+    assert status == 0, output[-3000:]
 
 
 @pytest.mark.parametrize("mode", ["kill", "files"])
@@ -122,7 +132,12 @@ def test_no_worker_outlives_a_killed_run(tmp_path, cache, isolated_env, loader):
     for line in process.stdout:  # the runner's line just before the first epoch
         if f"loader={loader}, model=none" in line or time.monotonic() > deadline:
             break
-    time.sleep(2)  # the epoch is under way: its workers are up
+    # The epoch is under way once its workers are up (a threaded loader has none to wait for).
+    expected = 0 if loader in THREADED else 2
+    while len(workers := main.children(recursive=True)) < expected:
+        assert time.monotonic() < deadline, f"loader={loader}: its workers never started"
+        time.sleep(0.05)
+    time.sleep(0.5)  # the workers are busy with their first batches
     assert process.poll() is None, "the run ended before it could be killed"
     workers = main.children(recursive=True)
     process.kill()
@@ -133,38 +148,29 @@ def test_no_worker_outlives_a_killed_run(tmp_path, cache, isolated_env, loader):
     assert not alive, f"loader={loader}: {len(alive)} worker processes outlived a killed run"
 
 
-@pytest.mark.parametrize("loader", LOADERS)
-def test_a_failed_run_leaves_no_temporary_folders(tmp_path, isolated_env, loader):
-    """A run that fails on a bad image leaves none of its workers' socket folders in /tmp."""
+def test_a_failed_run_leaves_no_temporary_folders(tmp_path, isolated_env):
+    """A run that fails on a bad image leaves none of its workers' socket folders in /tmp:
+    every loader in turn, in one sweep (a failed job does not stop the next)."""
     from tests.conftest import write_tree
 
     root = write_tree(tmp_path / "data", {f"{i:06d}.jpg": 1 + i % 3 for i in range(1, 9)}, {0: 30})
     (root / "DigiFace1M" / "0" / "17.png").write_text("not a PNG")
     temporary = tmp_path / "tmp"
     temporary.mkdir()
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(PROJECT_ROOT / "train.py"),
-            f"loader={loader}",
-            "data=celeba_digiface",
-            f"data.root={root}",
-            f"shards_dir={tmp_path / 'shards'}",
-            "shard_size=8",
-            "batch_size=2",
-            "n_workers=2",
-            "model=none",
-            "device=cpu",
-            "tracking=false",
-            f"hydra.run.dir={tmp_path / 'out'}",
-        ],
-        capture_output=True,
-        text=True,
-        env={**isolated_env, "TMPDIR": str(temporary)},
-        timeout=300,
+    output, status, jobs = _every_loader(
+        tmp_path / "multirun",
+        {**isolated_env, "TMPDIR": str(temporary)},
+        "data=celeba_digiface",
+        f"data.root={root}",
+        f"shards_dir={tmp_path / 'shards'}",
+        "shard_size=8",
+        "batch_size=2",
     )
-    output = result.stdout + result.stderr
-    assert result.returncode == 1, output[-3000:]
-    assert "17.png" in output and "cannot decode this image" in output, output[-3000:]
+    assert status == 1, output[-3000:]
+    assert {loader: job["status"] for loader, job in jobs.items()} == dict.fromkeys(
+        LOADERS, "FAILED"
+    ), output[-3000:]
+    for loader, job in jobs.items():
+        assert "17.png" in job["log"] and "cannot decode this image" in job["log"], loader
     left = sorted(path.name for path in temporary.glob("pymp-*"))
-    assert not left, f"loader={loader}: temporary folders left behind: {left}"
+    assert not left, f"temporary folders left behind: {left}"
