@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
+import psutil
 import torch
 
 from facebench import loaders
@@ -88,6 +91,18 @@ def assert_same_samples(seen: Samples, truth: Samples, atol: float = 1e-5) -> No
         assert image.shape == want_image.shape
         error = (image - want_image).abs().max().item()
         assert error <= atol, f"sample {sample_id}: pixels differ by up to {error}"
+
+
+def workers_up(process: subprocess.Popen, n_workers: int, deadline: float) -> list[psutil.Process]:
+    """Once `process` has forked `n_workers` processes (its epoch is under way) and they have
+    had half a second at their first batches: every process below it."""
+    main = psutil.Process(process.pid)
+    while len(main.children(recursive=True)) < n_workers:
+        assert process.poll() is None, "the run ended before its workers started"
+        assert time.monotonic() < deadline, "the run's workers never started"
+        time.sleep(0.05)
+    time.sleep(0.5)
+    return main.children(recursive=True)
 
 
 # Holds a shard folder's build lock as another builder's process would, until its stdin closes.

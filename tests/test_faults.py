@@ -28,7 +28,7 @@ from facebench.paths import PROJECT_ROOT
 from facebench.shards import room
 from facebench.shards.build import ensure_shards
 from facebench.shards.manifest import Manifest
-from tests.helpers import HOLD_LOCK, context, delivered, prepared
+from tests.helpers import HOLD_LOCK, context, delivered, prepared, workers_up
 
 pytestmark = pytest.mark.slow
 
@@ -132,11 +132,7 @@ def test_a_stopped_run_ends_killed_in_one_line_and_stops_workers(
         lines.append(line)
         if f"loader={loader}, model=resnet18" in line or time.monotonic() > deadline:
             break
-    main = psutil.Process(process.pid)
-    while len(workers := main.children(recursive=True)) < 2:  # the epoch is under way
-        assert process.poll() is None and time.monotonic() < deadline, "".join(lines)[-3000:]
-        time.sleep(0.05)
-    time.sleep(0.5)  # its first batches are in the model
+    workers = workers_up(process, 2, deadline)  # its first batches are in the model
     # As a terminal's Ctrl-C (or a scheduler's SIGTERM) does: to every process of the group.
     os.killpg(process.pid, getattr(signal, signal_name))
     output = "".join(lines) + process.communicate(timeout=120)[0]

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from facebench.paths import PROJECT_ROOT
-from tests.helpers import LOADERS, THREADED
+from tests.helpers import LOADERS, THREADED, workers_up
 
 pytestmark = pytest.mark.slow
 
@@ -127,19 +127,13 @@ def test_no_worker_outlives_a_killed_run(tmp_path, cache, isolated_env, loader):
         text=True,
         env=isolated_env,
     )
-    main = psutil.Process(process.pid)
     deadline = time.monotonic() + 120
     for line in process.stdout:  # the runner's line just before the first epoch
         if f"loader={loader}, model=none" in line or time.monotonic() > deadline:
             break
-    # The epoch is under way once its workers are up (a threaded loader has none to wait for).
-    expected = 0 if loader in THREADED else 2
-    while len(workers := main.children(recursive=True)) < expected:
-        assert time.monotonic() < deadline, f"loader={loader}: its workers never started"
-        time.sleep(0.05)
-    time.sleep(0.5)  # the workers are busy with their first batches
+    # A threaded loader has no worker process to wait for.
+    workers = workers_up(process, 0 if loader in THREADED else 2, deadline)
     assert process.poll() is None, "the run ended before it could be killed"
-    workers = main.children(recursive=True)
     process.kill()
     gone, alive = psutil.wait_procs(workers, timeout=10)
     for survivor in alive:
