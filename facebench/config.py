@@ -169,6 +169,9 @@ class TrainConfig(CommonConfig):
     host_only: bool = False
     # Record the run in MLflow; false runs with no tracking at all.
     tracking: bool = True
+    # Time each image's stages (read, decode, transform, collate in the workers; wait,
+    # handover, finish, step in the loop): stage_* metrics. false turns the timing off.
+    stage_times: bool = True
     # Refuse n_workers whose estimated memory exceeds what is available; false starts them anyway.
     resource_check: bool = True
     lr: float = 0.1

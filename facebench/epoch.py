@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from facebench import stages
 from facebench.data.transforms import ARTICLE, Geometry
 from facebench.finish import Finisher, Ready, finished_ahead_on_cpu
 from facebench.loaders.base import Batch
@@ -23,6 +24,7 @@ from facebench.meter import DeviceBusy, EpochMeter, EpochTimes
 from facebench.order import batch_label_diversity, order_corr
 from facebench.progress import epoch_progress
 from facebench.resources import usable_cores
+from facebench.timeline import LoopTimeline, loop_timeline
 from facebench.training import Trainer
 from facebench.usage import UsageMonitor
 
@@ -38,9 +40,16 @@ class EpochResult:
     loss_last: float | None
     ids: np.ndarray | None = None  # every delivered sample id, in arrival order
     device_busy: dict[str, float] = field(default_factory=dict)
+    stages: dict[str, float] = field(default_factory=dict)  # stage_* (facebench/stages.py)
 
     def metrics(self) -> dict[str, float]:
-        metrics = {**self.times.metrics(), **self.resources, **self.order, **self.device_busy}
+        metrics = {
+            **self.times.metrics(),
+            **self.resources,
+            **self.order,
+            **self.device_busy,
+            **self.stages,
+        }
         if self.loss_first is not None and self.loss_last is not None:
             metrics["loss_first"] = self.loss_first
             metrics["loss_last"] = self.loss_last
@@ -65,6 +74,8 @@ class EpochSettings:
     time_limit_s: float = 0.0
     # The crop and normalization that finish uint8 batches (transform.*).
     geometry: Geometry = ARTICLE
+    # Time each stage of each image (facebench/stages.py); False: no timing at all.
+    stage_times: bool = True
 
     def enough(self, n_batches: int, elapsed_s: float) -> bool:
         """Whether the epoch stops here, short of the loader's end."""
@@ -144,31 +155,39 @@ def _timed_epoch(
     monitor = UsageMonitor(device, settings.sample_hz)
     monitor.prepare()  # NVML start-up, outside the clock
     bar = epoch_progress(settings.expected_images, settings.description)
-    finish, seen = Finisher(device, settings.geometry), _Seen()
+    seen = _Seen()
+    totals = stages.begin_epoch(settings.stage_times)  # before any worker is forked
     batches = None
     try:
         meter.start()
         monitor.start(meter.started_at)
+        timeline = loop_timeline(settings.stage_times, totals, meter.started_at, meter.clock)
+        use = _Use(trainer, Finisher(device, settings.geometry), busy, seen, timeline)
         # Building the loader (listing files, forking workers) is part of waiting for the first
         # batch: the first wait is counted from the start of the epoch.
         asked_at = meter.started_at
         with settings.join or nullcontext():
-            batches = _feed(make_batches(), settings)
+            batches = _feed(timeline.measured(make_batches()), settings)
+            timeline.mark("wait")
+            feeding = "finish" if _finishes_ahead(settings) else "handover"
             for batch, ready in batches:
                 meter.batch(asked_at, len(batch.labels))
+                timeline.arrived(feeding)
                 deaths.check()
                 seen.add(batch)
+                timeline.mark("handover")
                 if not settings.host_only:
-                    with busy.step():
-                        images, labels = ready or finish(batch)
-                        if trainer is not None:
-                            seen.loss(trainer.step(images, labels))
+                    use(batch, ready)
                 bar.update(len(batch.labels))
                 if settings.enough(meter.n_batches, meter.elapsed()):
                     break
                 asked_at = meter.now()
+                timeline.mark("handover")
             deaths.check()
         times = meter.stop()
+        # After the loop: the device finishing the work queued last (the clock synchronized it).
+        tail = "handover" if settings.host_only else "step" if trainer is not None else "finish"
+        timeline.close(meter.ended_at, tail)
         resources = monitor.stop(meter.ended_at)  # workers still alive: their counters count
     finally:
         monitor.close()
@@ -183,16 +202,42 @@ def _timed_epoch(
         loss_first=seen.first_loss.item() if seen.first_loss is not None else None,
         loss_last=seen.last_loss.item() if seen.last_loss is not None else None,
         device_busy=busy.metrics(times.epoch_time_s),
+        stages=totals.metrics(times.samples_seen, times.epoch_time_s)
+        if settings.stage_times
+        else {},
     )
+
+
+@dataclass
+class _Use:
+    """What the loop does with a batch it received: finish it on the device, train on it."""
+
+    trainer: Trainer | None
+    finish: Finisher
+    busy: DeviceBusy
+    seen: _Seen
+    timeline: LoopTimeline
+
+    def __call__(self, batch: Batch, ready: Ready | None) -> None:
+        with self.busy.step():
+            images, labels = ready or self.finish(batch)
+            self.timeline.mark("finish")
+            if self.trainer is not None:
+                self.seen.loss(self.trainer.step(images, labels))
+                self.timeline.mark("step")
 
 
 def _feed(loader: Iterable[Batch], settings: EpochSettings) -> Iterator[tuple[Batch, Ready | None]]:
     """The loader's batches, each with its images and labels ready for the model when the host
     finishes them (a CPU device: in threads, ahead of the loop), or None when the loop does (a
     GPU: the copy and the arithmetic are device work) or nothing does (host_only)."""
-    if settings.device.type == "cpu" and not settings.host_only:
+    if _finishes_ahead(settings):
         return finished_ahead_on_cpu(loader, n_threads=usable_cores(), geometry=settings.geometry)
     return ((batch, None) for batch in loader)
+
+
+def _finishes_ahead(settings: EpochSettings) -> bool:
+    return settings.device.type == "cpu" and not settings.host_only
 
 
 def order_metrics(

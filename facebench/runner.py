@@ -188,6 +188,7 @@ def measure(
         join=join(trainer.model if trainer else None),
         loader_name=cfg.loader.name,
         host_only=cfg.host_only,
+        stage_times=cfg.stage_times,
     )
     per_epoch: list[dict[str, float]] = []
     n_measured = cfg.repeat * cfg.epochs

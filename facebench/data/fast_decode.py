@@ -20,6 +20,7 @@ import torch
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2 import functional
 
+from facebench import stages
 from facebench.data.images import CELEBA_BOX, bad_image, check_size, decode_sample
 from facebench.data.sources import CELEBA
 from facebench.data.transforms import RESIZE
@@ -91,6 +92,7 @@ def decode_resized(
     """Encoded image bytes -> (112, 112, 3) uint8 (or `size`), HWC, as the article prepared it."""
     if not data:
         raise bad_image(name, ValueError("empty file"))
+    start = stages.now()
     header = jpeg_header(data)
     if header is not None and header[0] in (1, 3):
         check_size(header[1], header[2], name)  # before anything is decoded
@@ -100,11 +102,17 @@ def decode_resized(
         except RuntimeError:
             image = None  # PIL decides: it reads some files libjpeg-turbo's strict mode refuses
         if image is not None:
-            return resize_sample(image, source, size=size)
+            start = stages.lap(stages.DECODE, start)
+            resized = resize_sample(image, source, size=size)
+            stages.lap(stages.TRANSFORM, start)
+            return resized
     # Anything else goes through PIL (see the module docstring).
     rgb = np.asarray(decode_sample(data, source, name))  # RGB, CelebA already cropped
+    start = stages.now()
     image = torch.from_numpy(rgb.copy()).permute(2, 0, 1)
-    return resize_sample(image, source, cropped=True, size=size)
+    resized = resize_sample(image, source, cropped=True, size=size)
+    stages.lap(stages.TRANSFORM, start)
+    return resized
 
 
 def crop_box(image: torch.Tensor, box: tuple[int, int, int, int]) -> torch.Tensor:

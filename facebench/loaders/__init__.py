@@ -14,6 +14,7 @@ import importlib
 import torch
 from hydra.core.config_store import ConfigStore
 
+from facebench import stages
 from facebench.config import TrainConfig
 from facebench.data.check import Listing
 from facebench.data.transforms import Geometry, article_transform
@@ -83,7 +84,8 @@ def context(
         n_workers=cfg.n_workers,
         seed=cfg.seed,
         device=device,
-        transform=article_transform(cfg.loader.crop, geometry),
+        # Timed as the transform stage wherever a loader applies it (facebench.stages).
+        transform=stages.Timed(article_transform(cfg.loader.crop, geometry), stages.TRANSFORM),
         shards_dir=shards,
         shard_size=cfg.shard_size,
         world=world or World(),

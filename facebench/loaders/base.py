@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, default_collate
 
+from facebench import stages
 from facebench.config import LoaderConfig
 from facebench.data.check import Listing
 from facebench.data.sources import FACES, LabelSpace, Layout, Record
@@ -17,6 +18,7 @@ from facebench.data.transforms import ARTICLE, Geometry
 from facebench.distributed import World
 from facebench.loaders.plan import EpochPlan, epoch_seed
 from facebench.resources import WORKER_OWN_BYTES, batch_bytes
+from facebench.stages import StageTimes
 
 
 class Batch(NamedTuple):
@@ -27,7 +29,8 @@ class Batch(NamedTuple):
     of the bytes cross between processes and over the bus, and the arithmetic runs where it is
     cheapest. ids: each sample's canonical position (data.sample_ids), None where there are
     no real samples. jpegs: CelebA JPEGs left encoded for the GPU to decode, as (concatenated
-    bytes, (2, k) lengths and slots in the batch).
+    bytes, (2, k) lengths and slots in the batch). stages: where its producer's time went
+    (facebench.stages), None where nothing was timed.
     """
 
     images: torch.Tensor
@@ -35,11 +38,27 @@ class Batch(NamedTuple):
     ids: torch.Tensor | None
     offsets: torch.Tensor | None = None
     jpegs: tuple[torch.Tensor, torch.Tensor] | None = None
+    stages: StageTimes | None = None
+
+
+def stamped(batch: Batch, collate_started: int) -> Batch:
+    """The batch with its producer's stage times, the time since `collate_started` (a
+    `stages.now()` reading taken as its assembly began) counted as collate."""
+    stages.lap(stages.COLLATE, collate_started)
+    return batch._replace(stages=stages.take())
+
+
+def stack(samples: list[torch.Tensor] | list[Any]) -> torch.Tensor:
+    """Samples (tensors or arrays) -> one batch tensor. In a DataLoader worker it is made in
+    shared memory (default_collate does so), so that sending it to the loop copies nothing:
+    otherwise the queue copies each batch into shared memory once more, in the worker."""
+    return default_collate(samples)
 
 
 def collate_samples(samples: list[tuple]) -> Batch:
     """(image, label, id) samples -> one finished Batch (the DataLoader's collate_fn)."""
-    return Batch(*default_collate(samples))
+    start = stages.now()
+    return stamped(Batch(*default_collate(samples)), start)
 
 
 @dataclass(frozen=True)

@@ -34,13 +34,14 @@ import torch
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 from torch.utils.data.datapipes.iter import FileLister, IterableWrapper
 
+from facebench import stages
 from facebench.config import LoaderConfig
 from facebench.data.folder import FOLDER, class_folder_of, image_extensions, is_image_name
 from facebench.data.images import open_sample
 from facebench.data.sample_ids import SampleIds
 from facebench.data.sources import CELEBA, DIGIFACE, LabelSpace, digiface_record
 from facebench.loaders import base
-from facebench.loaders.base import Batch, LoaderContext, data_loader
+from facebench.loaders.base import Batch, LoaderContext, data_loader, stack, stamped
 from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits, Workers
 
 PipeRecord = tuple[str, int, str, int]  # path, label, source, sample id
@@ -118,6 +119,19 @@ class TakeFirst(IterDataPipe):
         yield from itertools.islice(self.source_datapipe, self.n)
 
 
+@torch.utils.data.functional_datapipe("timed_as_read")
+class TimedAsRead(IterDataPipe):
+    """The records as the listing and the shuffle buffer give them; the time to get each is
+    the read stage: finding the files is part of getting their bytes, and every worker lists
+    every file and fills its own buffer."""
+
+    def __init__(self, source_datapipe: IterDataPipe) -> None:
+        self.source_datapipe = source_datapipe
+
+    def __iter__(self) -> Iterator[PipeRecord]:
+        return stages.timed_items(self.source_datapipe)
+
+
 @torch.utils.data.functional_datapipe("load_images")
 class ImageBatchLoader(IterDataPipe):
     """Decode and transform each batch of records; yield (images, labels, ids) tensors."""
@@ -128,10 +142,11 @@ class ImageBatchLoader(IterDataPipe):
 
     def __iter__(self) -> Iterator[Batch]:
         for records in self.source_datapipe:
-            images = torch.stack([self.transform(open_sample(p, s)) for p, _, s, _ in records])
+            samples = [self.transform(open_sample(p, s)) for p, _, s, _ in records]
+            start = stages.now()
             labels = torch.tensor([label for _, label, _, _ in records])
             ids = torch.tensor([sample_id for _, _, _, sample_id in records])
-            yield Batch(images, labels, ids)
+            yield stamped(Batch(stack(samples), labels, ids), start)
 
 
 def listed(ctx: LoaderContext) -> IterDataPipe:
@@ -160,7 +175,7 @@ def listed(ctx: LoaderContext) -> IterDataPipe:
 def build_datapipe(ctx: LoaderContext) -> IterDataPipe:
     options: Options = ctx.options
     pipe = listed(ctx)
-    pipe = pipe.shuffle(buffer_size=options.shuffle_buffer)
+    pipe = pipe.shuffle(buffer_size=options.shuffle_buffer).timed_as_read()
     pipe = pipe.batch(ctx.batch_size, drop_last=True)
     if ctx.world.distributed:
         # The DataLoader splits batches across ranks, then workers; keeping the plan's number

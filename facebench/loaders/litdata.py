@@ -14,16 +14,18 @@ loaders whose workers read whole shards.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 import numpy as np
 import torch
 
+from facebench import stages
 from facebench.config import LoaderConfig
 from facebench.errors import ShardError
 from facebench.extras import Requirement
 from facebench.loaders import base
-from facebench.loaders.base import Batch, LoaderContext, uint8_batch
+from facebench.loaders.base import Batch, LoaderContext, stack, stamped, uint8_batch
 from facebench.loaders.plan import EpochPlan
 from facebench.loaders.shardsets import open_shard_set
 from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits, Workers
@@ -38,6 +40,7 @@ class Collate:
         self.plan = plan
 
     def __call__(self, items: list[dict]) -> Batch:
+        start = stages.now()
         ids = torch.tensor([int(item["id"]) for item in items])
         labels = torch.tensor([int(item["label"]) for item in items])
         known = (ids >= 0) & (ids < len(self.labels))
@@ -46,8 +49,25 @@ class Collate:
                 f"{self.folder}: a sample's id or label is not the data's; the chunks are damaged "
                 "or stale. Rebuild: python prepare.py format=litdata"
             )
-        images = torch.from_numpy(np.stack([item["image"] for item in items]))
-        return uint8_batch(images, labels, ids, self.plan)
+        images = stack([item["image"] for item in items])
+        return stamped(uint8_batch(images, labels, ids, self.plan), start)
+
+
+@functools.cache
+def timed_dataset() -> type:
+    """StreamingDataset whose items are timed as the read stage: getting an item is reading
+    its chunk and its bytes (its pixels are stored decoded). Made on first use: litdata is an
+    optional extra."""
+    from litdata import StreamingDataset
+
+    class TimedStreamingDataset(StreamingDataset):
+        def __next__(self) -> dict:
+            start = stages.now()
+            item = super().__next__()
+            stages.lap(stages.READ, start)
+            return item
+
+    return TimedStreamingDataset
 
 
 def worker_memory(ctx: LoaderContext) -> int:
@@ -55,11 +75,11 @@ def worker_memory(ctx: LoaderContext) -> int:
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:
-    from litdata import StreamingDataLoader, StreamingDataset
+    from litdata import StreamingDataLoader
 
     shard_set = open_shard_set(ctx)
     plan = ctx.plan
-    dataset = StreamingDataset(
+    dataset = timed_dataset()(
         input_dir=str(shard_set.folder),
         cache_dir=str(ctx.cache / "litdata-cache"),
         shuffle=True,

@@ -34,13 +34,21 @@ from torchdata.nodes import (
 )
 from torchdata.nodes.exception_wrapper import StartupExceptionWrapper
 
+from facebench import stages
 from facebench.config import Decoder, LoaderConfig, WorkerKind
 from facebench.data.fast_decode import decode_resized
-from facebench.data.images import open_sample
+from facebench.data.images import open_sample, read_file
 from facebench.data.records import Record
 from facebench.errors import LoaderFailure
 from facebench.loaders import base
-from facebench.loaders.base import Batch, LoaderContext, PlanSampler, uint8_batch
+from facebench.loaders.base import (
+    Batch,
+    LoaderContext,
+    PlanSampler,
+    stack,
+    stamped,
+    uint8_batch,
+)
 from facebench.loaders.failures import signal_name, too_many_open_files, worker_died
 from facebench.loaders.plan import EpochPlan, batch_rng
 from facebench.loaders.spec import LoaderSpec, decoder_traits
@@ -78,23 +86,19 @@ class LoadBatch:
 
     def __call__(self, batch: list[tuple[int, Record]]) -> Batch:
         chosen = [record for _, record in batch]
-        labels = torch.tensor([r.label for r in chosen])
         ids = torch.tensor([i for i, _ in batch])
         if self.decoder == "pil":
             # RandomCrop draws from torch's global generator, which forked workers share.
             torch.manual_seed(int(batch_rng(self.plan.seed, ids).integers(2**62)))
-            images = [self.transform(open_sample(r.path, r.source)) for r in chosen]
-            return Batch(torch.stack(images), labels, ids)
-        size = self.plan.geometry.resized
-        images = torch.stack(
-            [decode_resized(_read(r.path), r.source, r.path, size) for r in chosen]
-        )
-        return uint8_batch(images, labels, ids, self.plan)
-
-
-def _read(path: str) -> bytes:
-    with open(path, "rb") as file:
-        return file.read()
+            samples = [self.transform(open_sample(r.path, r.source)) for r in chosen]
+        else:
+            size = self.plan.geometry.resized
+            samples = [decode_resized(read_file(r.path), r.source, r.path, size) for r in chosen]
+        start = stages.now()
+        labels = torch.tensor([r.label for r in chosen])
+        if self.decoder == "pil":
+            return stamped(Batch(stack(samples), labels, ids), start)
+        return stamped(uint8_batch(stack(samples), labels, ids, self.plan), start)
 
 
 def worker_memory(ctx: LoaderContext) -> int:

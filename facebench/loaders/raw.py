@@ -32,9 +32,10 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from facebench import stages
 from facebench.config import LoaderConfig
 from facebench.errors import ShardError
-from facebench.loaders.base import Batch, LoaderContext
+from facebench.loaders.base import Batch, LoaderContext, stamped
 from facebench.loaders.shardsets import OpenShardSet, open_shard_set
 from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits, Workers
 from facebench.resources import batch_bytes
@@ -116,15 +117,17 @@ class RawBatches:
         return files
 
     def _batch(self, files: list[int], positions: np.ndarray) -> Batch:
+        start = stages.now()
         chosen = np.sort(positions)
         images = torch.empty(
             (len(chosen), *raw_format.shape(self.resize)), dtype=torch.uint8, pin_memory=self.pin
         )
         self._gather(files, chosen, images.numpy())
+        start = stages.lap(stages.READ, start)
         ids = torch.from_numpy(self.ids[chosen])
         labels = torch.from_numpy(self.labels[chosen])
         # Crop offsets per batch, as every loader draws them: whichever thread gathers it.
-        return Batch(images, labels, ids, self.plan.offsets(ids))
+        return stamped(Batch(images, labels, ids, self.plan.offsets(ids)), start)
 
     def _gather(self, files: list[int], positions: np.ndarray, out: np.ndarray) -> None:
         """Read the samples at these (sorted) global positions into out, one pread each."""

@@ -70,6 +70,9 @@ class LoaderSpec:
     prepare: Callable[[LoaderContext], dict[str, float]] | None = None
     # The Python package it needs, and the extra that installs it.
     requires: Requirement | None = None
+    # Whether its batches carry the worker side's stage times (facebench/stages.py): False where
+    # the work runs inside a library that lets none be timed (DALI's executor) or there is none.
+    stage_times: bool = True
 
     def traits_for(self, options: LoaderConfig | None = None) -> Traits:
         """Its traits with these options (its defaults when none are given)."""

@@ -54,4 +54,5 @@ LOADER = LoaderSpec(
     worker_memory=worker_memory,
     traits=Traits(Handover.finished, Pixels.exact, Workers.none),
     synthetic=True,
+    stage_times=False,  # no worker side: the batch is made once, before the epoch
 )

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import webdataset as wds
 
+from facebench import stages
 from facebench.config import Decoder, LoaderConfig
 from facebench.data.fast_decode import decode_resized, jpeg_components
 from facebench.data.images import decode_sample
@@ -32,7 +33,14 @@ from facebench.data.sources import CELEBA
 from facebench.data.transforms import Geometry
 from facebench.errors import ConfigError, FacebenchError, ShardError
 from facebench.loaders import base
-from facebench.loaders.base import Batch, LoaderContext, data_loader, uint8_batch
+from facebench.loaders.base import (
+    Batch,
+    LoaderContext,
+    data_loader,
+    stack,
+    stamped,
+    uint8_batch,
+)
 from facebench.loaders.plan import EpochPlan
 from facebench.loaders.shardsets import ShardGuard, ensure_loader_shards, open_shard_set
 from facebench.loaders.spec import LoaderSpec, decoder_traits
@@ -149,15 +157,18 @@ class Collate:
         self.plan = plan
 
     def __call__(self, samples: list[tuple]) -> Batch:
+        start = stages.now()
         labels = torch.tensor([label for _, label, _ in samples])
         ids = torch.tensor([sample_id for _, _, sample_id in samples])
         if self.decoder == "pil":
-            return Batch(torch.stack([image for image, _, _ in samples]), labels, ids)
-        if self.keep_jpeg:
+            batch = Batch(stack([image for image, _, _ in samples]), labels, ids)
+        elif self.keep_jpeg:
             images, packed, index = _pack_jpegs(samples, self.plan.geometry)
-            return Batch(images, labels, ids, self.plan.offsets(ids), (packed, index))
-        images = torch.stack([image for image, _, _ in samples])
-        return uint8_batch(images, labels, ids, self.plan)
+            batch = Batch(images, labels, ids, self.plan.offsets(ids), (packed, index))
+        else:
+            images = stack([image for image, _, _ in samples])
+            batch = uint8_batch(images, labels, ids, self.plan)
+        return stamped(batch, start)
 
 
 def _pack_jpegs(
@@ -224,6 +235,7 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
         wds.split_by_node,
         wds.split_by_worker,
         wds.tarfile_to_samples(handler=ReadFailure(shard_set.guard)),
+        stages.timed_items,  # getting each sample from the tars is the read stage
         wds.shuffle(options.shuffle_buffer, seed=plan.seed),
         wds.map(decode),
         wds.batched(

@@ -1,0 +1,209 @@
+"""Where each image's time goes: stage times, measured in every thread and process that works on
+a batch, carried to the loop with the batch itself.
+
+Worker side, wherever a loader does its work (DataLoader worker processes, loader threads,
+torchdata.nodes workers, LitData's workers, or the loop's own thread with n_workers=0):
+
+    read       getting the bytes: open and read a file, a tar stream, a shard (and its check)
+    decode     bytes -> pixels: JPEG/PNG decoding, unpickling decoded images
+    transform  resize, crop, to-tensor, normalize, on the host
+    collate    assembling the batch
+
+Each is wall-clock time (`perf_counter_ns`, about 40 ns a call), added to a tally of the thread
+doing it: no lock, no shared counter. When a batch is assembled, `take` empties the tally of the
+thread that assembled it into a `StageTimes` that travels inside the Batch (a few numbers,
+pickled with it), together with the CPU time its producer used since its previous batch: the
+whole process's for a worker process (it started at 0 when the process was forked), the thread's
+own in the main process. Work done before the first batch (a DataPipe's listing, say) lands in
+the first batch's share; a stage that works for several batches at once (a pickle shard's read)
+lands in the batch that follows it. Summed over every batch the loop received, the stages are
+the workers' time and the CPU time what the workers used for it; where the two differ, workers
+waited inside a stage (storage, or more workers than cores) or worked outside every stage.
+
+Main side, in the loop's thread (facebench/epoch.py), from the start of the epoch to its end:
+
+    wait       blocked on the loader (including building it and starting its workers)
+    handover   receiving a batch: this thread's CPU time inside the loader's `next` (unpickling,
+               mapping shared memory), and the loop's bookkeeping of ids and labels
+    finish     the host's or the device's finishing (crop and normalize, the copy to the device)
+    step       the model's step (on a GPU, the time to queue it, and the final synchronization)
+
+Every moment of the epoch is given to exactly one of them, so they add up to epoch_time_s.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+WORKER_STAGES = ("read", "decode", "transform", "collate")
+READ, DECODE, TRANSFORM, COLLATE = range(len(WORKER_STAGES))
+MAIN_STAGES = ("wait", "handover", "finish", "step")
+
+now = time.perf_counter_ns  # the clock every stage is timed with
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class StageTimes:
+    """One batch's worker-side stage times (ns), what its producer used in CPU time since its
+    previous batch (ns), and who produced it (pid, thread id)."""
+
+    ns: tuple[int, ...]
+    cpu_ns: int
+    producer: tuple[int, int]
+
+
+class _Tally:
+    __slots__ = ("ns", "cpu_mark")
+
+    def __init__(self, cpu_mark: int) -> None:
+        self.ns = [0] * len(WORKER_STAGES)
+        self.cpu_mark = cpu_mark
+
+
+def _in_child() -> bool:
+    return multiprocessing.parent_process() is not None
+
+
+_enabled = True
+_local = threading.local()
+# A worker process's CPU time is all its own; in the main process, each thread's is.
+_cpu_clock: Callable[[], int] = time.process_time_ns if _in_child() else time.thread_time_ns
+
+
+def _forked() -> None:
+    """In a forked child: the parent's tallies are not this process's work."""
+    global _local, _cpu_clock
+    _local = threading.local()
+    _cpu_clock = time.process_time_ns
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def enable(on: bool) -> None:
+    """Turn stage timing on or off in this process and the workers it forks from now on."""
+    global _enabled
+    _enabled = on
+
+
+def enabled() -> bool:
+    return _enabled
+
+
+def _tally() -> _Tally:
+    try:
+        return _local.tally
+    except AttributeError:
+        # A worker process or thread counts its CPU time from its start: its clock began at 0
+        # when it was forked or started (within the epoch). The loop's thread starts its own
+        # count as each epoch begins (begin_epoch).
+        tally = _local.tally = _Tally(0)
+        return tally
+
+
+def lap(stage: int, since: int) -> int:
+    """Add the time since `since` (a `now()` reading) to `stage`; return the time now."""
+    t = now()
+    if _enabled:
+        _tally().ns[stage] += t - since
+    return t
+
+
+def take() -> StageTimes | None:
+    """This thread's stage times since its last take, for the batch it just assembled; None
+    when timing is off."""
+    if not _enabled:
+        return None
+    tally = _tally()
+    cpu = _cpu_clock()
+    times = StageTimes(tuple(tally.ns), cpu - tally.cpu_mark, (os.getpid(), threading.get_ident()))
+    tally.ns = [0] * len(WORKER_STAGES)
+    tally.cpu_mark = cpu
+    return times
+
+
+def begin_epoch(on: bool) -> StageTotals:
+    """In the loop's thread, as an epoch starts (before its workers are forked: they inherit
+    the setting): timing on or off, this thread's tally forgotten, so that batches it assembles
+    itself (n_workers=0) count from here; the totals the loop fills."""
+    enable(on)
+    _local.tally = _Tally(_cpu_clock())
+    return StageTotals()
+
+
+def timed_items(items: Iterable[T], stage: int = READ) -> Iterator[T]:
+    """The items of an iterable; the time it takes to produce each is `stage` (a tar stream's
+    samples, a listing's records)."""
+    start = now()
+    for item in items:
+        lap(stage, start)
+        yield item
+        start = now()
+
+
+class Timed:
+    """A callable whose calls are timed as one stage (picklable, for worker processes)."""
+
+    def __init__(self, fn: Callable[..., Any], stage: int) -> None:
+        self.fn = fn
+        self.stage = stage
+
+    def __call__(self, *args: Any) -> Any:
+        start = now()
+        result = self.fn(*args)
+        lap(self.stage, start)
+        return result
+
+
+@dataclass
+class StageTotals:
+    """What the loop adds up over an epoch: the worker side from the batches' StageTimes, the
+    main side from the loop's own clock (seconds)."""
+
+    worker_ns: list[int] = field(default_factory=lambda: [0] * len(WORKER_STAGES))
+    worker_cpu_ns: int = 0
+    timed_batches: int = 0
+    main_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(MAIN_STAGES, 0.0))
+
+    def add_batch(self, times: StageTimes | None) -> None:
+        if times is None:
+            return
+        for index, ns in enumerate(times.ns):
+            self.worker_ns[index] += ns
+        self.worker_cpu_ns += times.cpu_ns
+        self.timed_batches += 1
+
+    def metrics(self, images: int, epoch_time_s: float) -> dict[str, float]:
+        """stage_<name>_us (per image) and stage_<name>_frac for every stage; the worker side
+        only where batches carried stage times (a loader that has none is not broken down)."""
+        if images <= 0 or epoch_time_s <= 0:
+            return {}
+        metrics: dict[str, float] = {}
+        worker_total = sum(self.worker_ns)
+        if self.timed_batches and worker_total > 0:
+            for name, ns in zip(WORKER_STAGES, self.worker_ns, strict=True):
+                metrics[f"stage_{name}_us"] = ns / 1e3 / images
+                metrics[f"stage_{name}_frac"] = ns / worker_total
+            metrics["stage_worker_us"] = worker_total / 1e3 / images
+            metrics["stage_worker_cpu_us"] = self.worker_cpu_ns / 1e3 / images
+            if self.worker_cpu_ns > 0:
+                metrics["stage_worker_coverage"] = worker_total / self.worker_cpu_ns
+        for name, seconds in self.main_s.items():
+            metrics[f"stage_{name}_us"] = seconds * 1e6 / images
+            metrics[f"stage_{name}_frac"] = seconds / epoch_time_s
+        metrics["stage_main_coverage"] = sum(self.main_s.values()) / epoch_time_s
+        return metrics
+
+
+def dominant(metrics: dict[str, float]) -> str | None:
+    """The worker stage that costs most per image, or None where there is no breakdown."""
+    shares = {name: metrics.get(f"stage_{name}_frac") for name in WORKER_STAGES}
+    known = {name: share for name, share in shares.items() if share is not None}
+    return max(known, key=known.__getitem__) if known else None

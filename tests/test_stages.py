@@ -1,0 +1,221 @@
+"""Stage times: each thread's tally, the loop's timeline, and that a run's stages add up."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+
+import pytest
+
+from facebench import loaders, stages
+from facebench.loaders.base import Batch
+from facebench.runner import run_training
+from facebench.stages import MAIN_STAGES, WORKER_STAGES, StageTimes, StageTotals
+from facebench.timeline import LoopTimeline
+from tests.helpers import LOADERS
+
+
+@pytest.fixture(autouse=True)
+def _timing_on():
+    stages.begin_epoch(True)
+    yield
+    stages.begin_epoch(True)
+
+
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_a_take_holds_this_threads_stages_since_its_last_take():
+    start = stages.now()
+    _busy(0.02)
+    start = stages.lap(stages.DECODE, start)
+    _busy(0.01)
+    stages.lap(stages.COLLATE, start)
+    first = stages.take()
+    assert first is not None
+    read, decode, transform, collate = first.ns
+    assert read == transform == 0
+    assert 0.02e9 <= decode < 0.03e9 and 0.01e9 <= collate < 0.02e9
+    # Busy work is CPU time: the thread's CPU clock saw it too.
+    assert first.cpu_ns >= 0.9 * (decode + collate)
+    second = stages.take()
+    assert second is not None and second.ns == (0, 0, 0, 0)
+
+
+def test_each_thread_keeps_its_own_tally():
+    results: dict[str, StageTimes | None] = {}
+
+    def work(name: str, stage: int, seconds: float) -> None:
+        start = stages.now()
+        _busy(seconds)
+        stages.lap(stage, start)
+        results[name] = stages.take()
+
+    threads = [
+        threading.Thread(target=work, args=("a", stages.READ, 0.01)),
+        threading.Thread(target=work, args=("b", stages.TRANSFORM, 0.01)),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    a, b = results["a"], results["b"]
+    assert a is not None and b is not None
+    assert a.ns[stages.READ] > 0 and a.ns[stages.TRANSFORM] == 0
+    assert b.ns[stages.TRANSFORM] > 0 and b.ns[stages.READ] == 0
+    assert a.producer != b.producer
+
+
+def test_timing_off_takes_nothing():
+    stages.begin_epoch(False)
+    stages.lap(stages.READ, stages.now())
+    assert stages.take() is None
+
+
+def _child(queue) -> None:
+    start = stages.now()
+    _busy(0.01)
+    stages.lap(stages.DECODE, start)
+    queue.put(stages.take())
+
+
+def test_a_forked_worker_counts_its_own_work_and_its_process_cpu_time():
+    # The parent's tally, left untaken, must not reach the child.
+    stages.lap(stages.READ, stages.now() - 10**9)
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_child, args=(queue,))
+    child.start()
+    times = queue.get(timeout=30)
+    child.join(timeout=30)
+    assert times.ns[stages.READ] == 0
+    assert times.ns[stages.DECODE] >= 0.01e9
+    assert times.cpu_ns >= times.ns[stages.DECODE] * 0.9  # the process's CPU since it started
+    assert times.producer[0] == child.pid
+
+
+class _FakeClocks:
+    """Wall and CPU clocks a test moves by hand."""
+
+    def __init__(self) -> None:
+        self.wall = 0.0
+        self.cpu = 0.0
+
+    def advance(self, wall: float, cpu: float = 0.0) -> None:
+        self.wall += wall
+        self.cpu += cpu
+
+
+def _timeline(clocks: _FakeClocks, totals: StageTotals) -> LoopTimeline:
+    return LoopTimeline(totals, 0.0, clock=lambda: clocks.wall, cpu_clock=lambda: clocks.cpu)
+
+
+def test_the_loop_timeline_gives_every_moment_to_one_stage():
+    clocks, totals = _FakeClocks(), StageTotals()
+    timeline = _timeline(clocks, totals)
+    times = StageTimes((1000, 2000, 3000, 4000), 12_000, (-1, -1))
+
+    def loader():
+        clocks.advance(0.9, cpu=0.1)  # blocked 0.8 s on the workers, 0.1 s receiving
+        yield Batch(None, None, None, stages=times)
+        clocks.advance(0.5, cpu=0.2)
+        yield Batch(None, None, None, stages=None)
+        clocks.advance(0.05)  # the loader's end
+
+    clocks.advance(0.3)  # building the loader
+    batches = timeline.measured(loader())
+    timeline.mark("wait")
+    for _ in batches:
+        timeline.arrived("finish")
+        clocks.advance(0.25)
+        timeline.mark("step")
+    clocks.advance(0.1)  # the device's queued work, at the clock's stop
+    timeline.close(clocks.wall, "step")
+    main = totals.main_s
+    assert main["wait"] == pytest.approx(0.3 + 0.8 + 0.3 + 0.05)
+    assert main["handover"] == pytest.approx(0.1 + 0.2)
+    assert main["step"] == pytest.approx(2 * 0.25 + 0.1)
+    assert main["finish"] == pytest.approx(0.0)
+    assert sum(main.values()) == pytest.approx(clocks.wall)
+    assert totals.worker_ns == [1000, 2000, 3000, 4000] and totals.timed_batches == 1
+
+
+def test_a_batch_loaded_in_the_loops_own_thread_is_wait_not_handover():
+    clocks, totals = _FakeClocks(), StageTotals()
+    timeline = _timeline(clocks, totals)
+    me = LoopTimeline(totals, 0.0)._me
+    # n_workers=0: the loop's thread spent 0.7 s of CPU loading the batch, 0.6 s of it in stages.
+    times = StageTimes((int(0.2e9), int(0.4e9), 0, 0), int(0.7e9), me)
+
+    def loader():
+        clocks.advance(0.7, cpu=0.7)
+        yield Batch(None, None, None, stages=times)
+
+    for _ in timeline.measured(loader()):
+        timeline.arrived("handover")
+    timeline.close(clocks.wall, "handover")
+    assert totals.main_s["handover"] == pytest.approx(0.1)
+    assert totals.main_s["wait"] == pytest.approx(0.6)
+
+
+def test_stage_metrics_are_per_image_and_shares():
+    totals = StageTotals()
+    totals.add_batch(StageTimes((100_000, 300_000, 0, 100_000), 500_000, (1, 1)))
+    totals.main_s.update(wait=0.3, handover=0.1, finish=0.0, step=0.6)
+    metrics = totals.metrics(images=10, epoch_time_s=1.0)
+    assert metrics["stage_decode_us"] == pytest.approx(30.0)
+    assert metrics["stage_decode_frac"] == pytest.approx(0.6)
+    assert metrics["stage_worker_coverage"] == pytest.approx(1.0)
+    assert metrics["stage_step_frac"] == pytest.approx(0.6)
+    assert metrics["stage_wait_us"] == pytest.approx(30_000.0)
+    assert stages.dominant(metrics) == "decode"
+    # No batch carried stage times: the worker side is not broken down.
+    empty = StageTotals()
+    empty.main_s.update(wait=1.0)
+    bare = empty.metrics(images=10, epoch_time_s=1.0)
+    assert "stage_read_us" not in bare and stages.dominant(bare) is None
+    assert bare["stage_main_coverage"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("name", LOADERS)
+def test_every_loader_logs_its_stages(make_cfg, name):
+    metrics = run_training(
+        make_cfg(f"loader={name}", "host_only=true", "n_workers=2", "batch_size=8", "shard_size=32")
+    )
+    for stage in MAIN_STAGES:
+        assert f"stage_{stage}_us" in metrics
+    assert metrics["stage_main_coverage"] == pytest.approx(1.0, abs=0.05)
+    if not loaders.get(name).stage_times:
+        assert "stage_read_us" not in metrics
+        return
+    assert all(f"stage_{stage}_frac" in metrics for stage in WORKER_STAGES)
+    # Every loader gets bytes and assembles batches; the shares add up to the whole.
+    assert metrics["stage_read_us"] > 0 and metrics["stage_collate_us"] > 0
+    assert sum(metrics[f"stage_{s}_frac"] for s in WORKER_STAGES) == pytest.approx(1.0)
+
+
+def test_stage_times_false_times_nothing(make_cfg):
+    metrics = run_training(make_cfg("loader=dataset", "n_workers=2", "stage_times=false"))
+    assert not [name for name in metrics if name.startswith("stage_")]
+
+
+@pytest.mark.parametrize("name", ["dataset", "nodes"])
+def test_stages_add_up_to_the_workers_cpu_time_and_the_epoch(make_cfg, name):
+    # Two kinds of worker processes: DataLoader's and torchdata.nodes'. As many workers as
+    # this machine's two cores, so no worker waits for a core inside a stage; enough images
+    # that a worker's start-up (a few ms of CPU time in no stage) is not a tenth of its work.
+    metrics = run_training(
+        make_cfg(
+            f"loader={name}", "host_only=true", "n_workers=2", "batch_size=20", "data.n_images=600"
+        )
+    )
+    worker = sum(metrics[f"stage_{stage}_us"] for stage in WORKER_STAGES)
+    assert worker == pytest.approx(metrics["stage_worker_cpu_us"], rel=0.10)
+    main = sum(metrics[f"stage_{stage}_us"] for stage in MAIN_STAGES) / 1e6
+    assert main * metrics["samples_seen"] == pytest.approx(metrics["epoch_time_s"], rel=0.05)
+    # Decoding and transforming a PNG or JPEG costs more than reading it from a warm cache.
+    assert metrics["stage_decode_us"] > metrics["stage_read_us"]
