@@ -33,6 +33,8 @@ METRIC_COLUMNS = (
     "gpu_util_mean",
 )
 PARAM_COLUMNS = ("loader", "n_workers", "host_only")
+# Where the workers' time goes, as "decode 53%" (facebench/stages.py).
+TAG_COLUMNS = ("dominant_stage",)
 _RUN_NAME = "attributes.`Run Name`"
 
 
@@ -50,6 +52,7 @@ def view_state(search_filter: str, order_by: str = FASTEST_FIRST) -> dict[str, A
     `order_by` (a column id) from the largest."""
     selected = [column("metrics", key) for key in METRIC_COLUMNS]
     selected += [column("params", key) for key in PARAM_COLUMNS]
+    selected += [column("tags", key) for key in TAG_COLUMNS]
     return {
         "searchFilter": search_filter,
         "orderByKey": order_by,

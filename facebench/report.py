@@ -18,11 +18,12 @@ import logging
 import math
 import sys
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from facebench.errors import FacebenchError
 from facebench.paths import PROJECT_ROOT
+from facebench.stages import WORKER_STAGES
 from facebench.tracking import EXPERIMENT, REPORTS_EXPERIMENT, Tracker, tracking_uri
 from facebench.tracking_store import check_server
 
@@ -60,6 +61,8 @@ class Cell:
     epoch_s: float
     images_per_s: float
     repeats: int
+    # Worker time per image by stage (us, summed over workers), where the run measured it.
+    stages: dict[str, float] = field(default_factory=dict)
 
 
 Table = dict[int, dict[str, Cell]]  # n_workers -> loader column -> cell
@@ -101,6 +104,7 @@ def tables(runs) -> dict[Settings, Table]:
             epoch_s=_metric(run, "epoch_time_s"),
             images_per_s=_metric(run, "images_per_s"),
             repeats=int(run.data.metrics.get("measured_epochs", 1)),
+            stages=_stages(run.data.metrics),
         )
         column = _column(params, varying.get(params["loader"], ()))
         row = grouped[key][int(params["n_workers"])]
@@ -112,6 +116,11 @@ def tables(runs) -> dict[Settings, Table]:
             )
         row[column] = cell
     return grouped
+
+
+def _stages(metrics: dict[str, float]) -> dict[str, float]:
+    found = {name: metrics.get(f"stage_{name}_us") for name in WORKER_STAGES}
+    return {name: us for name, us in found.items() if us is not None}
 
 
 def _varying_loader_options(runs) -> dict[str, tuple[str, ...]]:
@@ -180,7 +189,35 @@ def render(settings: Settings, table: Table) -> str:
     repeats = {cell.repeats for row in table.values() for cell in row.values()}
     if max(repeats, default=1) > 1:
         notes.append("Cells are medians over each job's measured epochs.")
-    return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
+    return "\n".join(lines + ([""] + notes if notes else []) + _render_stages(table)) + "\n"
+
+
+def _render_stages(table: Table) -> list[str]:
+    """Where each image's time went in the workers, per loader and n_workers."""
+    rows = [
+        (loader, workers, cell)
+        for workers in sorted(table)
+        for loader in ordered(set(table[workers]))
+        if (cell := table[workers][loader]).stages
+    ]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "Where each image's time went, in microseconds per image summed over the workers "
+        "(each run's last epoch; the costliest stage in bold):",
+        "",
+        "| loader | n workers | " + " | ".join(WORKER_STAGES) + " |",
+        "|" + "---|" * (len(WORKER_STAGES) + 2),
+    ]
+    for loader, workers, cell in rows:
+        top = max(cell.stages, key=cell.stages.__getitem__)
+        values = [
+            (f"**{us:,.0f}**" if name == top else f"{us:,.0f}")
+            for name, us in ((name, cell.stages.get(name, 0.0)) for name in WORKER_STAGES)
+        ]
+        lines.append(f"| {loader} | {workers} | " + " | ".join(values) + " |")
+    return lines
 
 
 def render_article() -> str:

@@ -1,12 +1,22 @@
-"""report.png: a sweep's table as bars, grouped by n_workers, beside the compute ceiling; and
-the colour each loader keeps in every chart."""
+"""report.png: a sweep's table as bars, grouped by n_workers, beside the compute ceiling, with
+where each image's time went in stacked bars; the colour each loader and each stage keeps."""
 
 from __future__ import annotations
 
 import textwrap
 from pathlib import Path
 
-from facebench.report import CEILING, Settings, Table, article_table, ceiling_of, ordered, title
+from facebench.report import (
+    CEILING,
+    Cell,
+    Settings,
+    Table,
+    article_table,
+    ceiling_of,
+    ordered,
+    title,
+)
+from facebench.stages import WORKER_STAGES
 
 
 def loader_colour(column: str) -> str:
@@ -18,20 +28,37 @@ def loader_colour(column: str) -> str:
     return f"C{names.index(name) % 9}" if name in names else "C9"
 
 
-def _panel(axis, table: Table, heading: str) -> None:
-    """Horizontal bars, grouped by n_workers (ascending, top down), each labelled with its
-    images/s; the compute ceiling is a line, not a bar."""
+# One colour per stage, the same in every chart.
+STAGE_COLOURS = {
+    "read": "#4c72b0",
+    "decode": "#dd8452",
+    "transform": "#55a868",
+    "collate": "#8172b3",
+}
+
+
+def _rows(table: Table) -> list[tuple[str, int, Cell]]:
+    """(loader, n_workers, cell), top down: grouped by n_workers (ascending), loaders in the
+    report's order; the compute ceiling is not a row."""
     loaders = ordered({loader for row in table.values() for loader in row if loader != CEILING})
-    labels, values, colors = [], [], []
-    for workers in sorted(table):
-        for loader in loaders:
-            if loader in table[workers]:
-                labels.append(f"{loader}, {workers} workers")
-                values.append(table[workers][loader].images_per_s)
-                colors.append(loader_colour(loader))
-    positions = list(range(len(values)))[::-1]
-    bars = axis.barh(positions, values, color=colors)
+    return [
+        (loader, workers, table[workers][loader])
+        for workers in sorted(table)
+        for loader in loaders
+        if loader in table[workers]
+    ]
+
+
+def _panel(axis, table: Table, heading: str) -> None:
+    """Horizontal bars, one per row, each labelled with its images/s; the compute ceiling is a
+    line, not a bar."""
+    rows = _rows(table)
+    values = [cell.images_per_s for _, _, cell in rows]
+    positions = list(range(len(rows)))[::-1]
+    colours = [loader_colour(loader) for loader, _, _ in rows]
+    bars = axis.barh(positions, values, color=colours)
     axis.bar_label(bars, labels=[f"{value:,.0f}" for value in values], padding=3, fontsize=8)
+    labels = [f"{loader}, {workers} workers" for loader, workers, _ in rows]
     axis.set_yticks(positions, labels, fontsize=8)
     ceiling = ceiling_of(table)
     if ceiling:
@@ -39,10 +66,32 @@ def _panel(axis, table: Table, heading: str) -> None:
         axis.text(ceiling, len(values) - 0.7, f" compute ceiling\n {ceiling:,.0f}", fontsize=8)
     axis.set_xlim(0, 1.18 * max([*values, ceiling or 0]))
     axis.set_xlabel("images/s (whole epoch, start-up included)")
-    axis.set_title("\n".join(textwrap.wrap(heading, 90)), fontsize=9, loc="left")
+    axis.set_title("\n".join(textwrap.wrap(heading, 70)), fontsize=9, loc="left")
+
+
+def _stage_panel(axis, table: Table) -> None:
+    """One stacked bar per row: the workers' time per image, by stage, beside the row's rate."""
+    rows = _rows(table)
+    positions = list(range(len(rows)))[::-1]
+    left = [0.0] * len(rows)
+    for name in WORKER_STAGES:
+        widths = [cell.stages.get(name, 0.0) for _, _, cell in rows]
+        axis.barh(positions, widths, left=left, color=STAGE_COLOURS[name], label=name)
+        left = [start + width for start, width in zip(left, widths, strict=True)]
+    for position, total, (_, _, cell) in zip(positions, left, rows, strict=True):
+        text = f" {total:,.0f}" if cell.stages else " not broken down"
+        axis.text(total, position, text, va="center", fontsize=8)
+    axis.set_yticks(positions, [""] * len(rows))
+    axis.set_xlim(0, 1.25 * max(left, default=0) or 1)
+    axis.set_xlabel("workers' time per image, us (summed over workers)")
+    axis.set_title("Time per image, by stage", fontsize=9, loc="left")
+    # Above the bars, right of the title: inside, it would cover the last row's bar.
+    axis.legend(fontsize=8, ncols=4, loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False)
 
 
 def chart(grouped: dict[Settings, Table], path: Path, with_article: bool) -> None:
+    """Per settings group, its rates and, beside them, where each image's time went; the
+    article's rates below, when asked for (it measured no stages)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -52,12 +101,22 @@ def chart(grouped: dict[Settings, Table], path: Path, with_article: bool) -> Non
     if with_article:
         heading = "The article: 922,599 images, batch 600, RTX 2080 Ti (its seconds, as img/s)"
         panels.append((heading, article_table()))
-    heights = [1.2 + 0.28 * sum(len(row) for row in table.values()) for _, table in panels]
+    # Room for the legend under the stage bars.
+    heights = [1.6 + 0.3 * len(_rows(table)) for _, table in panels]
     figure, axes = plt.subplots(
-        len(panels), 1, figsize=(10, sum(heights)), squeeze=False, height_ratios=heights
+        len(panels),
+        2,
+        figsize=(15, sum(heights)),
+        squeeze=False,
+        height_ratios=heights,
+        width_ratios=[3, 2],
     )
-    for axis, (heading, table) in zip(axes[:, 0], panels, strict=True):
-        _panel(axis, table, heading)
+    for (rates, stages), (heading, table) in zip(axes, panels, strict=True):
+        _panel(rates, table, heading)
+        if any(cell.stages for _, _, cell in _rows(table)):
+            _stage_panel(stages, table)
+        else:
+            stages.axis("off")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from facebench import loaders
+from facebench import loaders, stages
 from facebench.config import TrainConfig
 from facebench.data.job_data import prepare_data
 from facebench.data.records import LabelSpace
@@ -128,6 +128,10 @@ def _run(cfg: TrainConfig, job: Job, tracker: Tracker, results: dict[str, Any]) 
     summary = summarise(per_epoch)
     metrics.update({**per_epoch[-1], **summary})  # the last epoch's, and the summaries
     tracker.log_metrics({**summary, **{k: v for k, v in metrics.items() if k in ONCE}})
+    label = stages.dominant_label(metrics)
+    if label:  # the runs table shows where the workers' time went
+        results["tags"]["dominant_stage"] = label
+        tracker.set_tags({"dominant_stage": label})
     if data.skipped:
         log.warning("on_bad_sample=skip: %d samples were left out (samples_skipped)", data.skipped)
 
@@ -275,3 +279,6 @@ def _log_epoch(step: int, metrics: dict[str, float]) -> None:
         metrics.get("cpu_util_mean", float("nan")),
         extra,
     )
+    breakdown = stages.describe(metrics)
+    if breakdown:
+        log.info("epoch %d %s", step, breakdown)

@@ -37,7 +37,7 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -202,8 +202,29 @@ class StageTotals:
         return metrics
 
 
-def dominant(metrics: dict[str, float]) -> str | None:
+def dominant(metrics: Mapping[str, float]) -> str | None:
     """The worker stage that costs most per image, or None where there is no breakdown."""
     shares = {name: metrics.get(f"stage_{name}_frac") for name in WORKER_STAGES}
     known = {name: share for name, share in shares.items() if share is not None}
     return max(known, key=known.__getitem__) if known else None
+
+
+def dominant_label(metrics: Mapping[str, float]) -> str | None:
+    """ "decode 53%": the costliest worker stage and its share of the workers' time."""
+    name = dominant(metrics)
+    return f"{name} {metrics[f'stage_{name}_frac']:.0%}" if name else None
+
+
+def describe(metrics: Mapping[str, float]) -> str | None:
+    """One log line: each stage's time per image, the workers' then the loop's."""
+    if "stage_main_coverage" not in metrics:
+        return None
+    loop = ", ".join(f"{name} {metrics[f'stage_{name}_frac']:.0%}" for name in MAIN_STAGES)
+    if dominant(metrics) is None:
+        return f"stages: workers not broken down; the loop's time: {loop}"
+    worker = ", ".join(f"{name} {metrics[f'stage_{name}_us']:,.0f} us" for name in WORKER_STAGES)
+    cpu = metrics.get("stage_worker_cpu_us", 0.0)
+    return (
+        f"stages per image, summed over workers: {worker} (CPU time {cpu:,.0f} us); "
+        f"the loop's time: {loop}"
+    )

@@ -167,6 +167,14 @@ class Tracker:
 
         mlflow.log_metrics({name: rounded(value) for name, value in metrics.items()}, step=step)
 
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        """Tags known only once the run has measured something (its dominant stage)."""
+        if not self.enabled:
+            return
+        import mlflow
+
+        mlflow.set_tags(dict(tags))
+
     def share_view(self, key: str, title: str, search_filter: str) -> str | None:
         """Publish a runs-table view of the runs `search_filter` selects; its URL."""
         if not self.enabled or self.experiment_id is None:

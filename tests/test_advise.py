@@ -123,3 +123,19 @@ def test_advise_is_a_hydra_app_that_shows_its_keys():
     assert result.returncode == 0, result.stderr[-2000:]
     assert "budget_s: 42.0" in result.stdout and "sample_images: 20000" in result.stdout
     assert "loader:" in result.stdout  # train.py's keys too
+
+
+def test_why_not_names_the_costly_stage_and_a_loader_that_pays_less_for_it():
+    decoding = {"stage_read_us": 40.0, "stage_decode_us": 640.0, "stage_transform_us": 300.0}
+    decoding |= {"stage_read_frac": 0.04, "stage_decode_frac": 0.64, "stage_transform_frac": 0.3}
+    slow = Measured("dataset", rates={1: 100.0, 2: 200.0}, stages={2: decoding})
+    pre_decoded = {"stage_read_us": 20.0, "stage_decode_us": 0.0, "stage_read_frac": 0.95}
+    fast = Measured("raw", rates={1: 5000.0}, stages={1: pre_decoded})
+    why = shortfall(slow, ceiling=1000.0, cores=2, others=[slow, fast])
+    assert why.endswith(
+        "decode: 64% of worker time per image; loader=raw spends 0 us per image there "
+        "(this one 640)"
+    )
+    # Nothing measured pays less for it: the stage alone is named.
+    alone = shortfall(slow, ceiling=1000.0, cores=2, others=[slow])
+    assert alone.endswith("decode: 64% of worker time per image")

@@ -42,6 +42,7 @@ class Advice:
 
     def rows(self) -> list[list[str]]:
         rows = []
+        cores = usable_cores()
         for m in self.ordered():
             fewest = m.fewest_feeding(self.ceiling)
             best_workers, best = m.best()
@@ -56,7 +57,7 @@ class Advice:
                     epoch,
                     f"{m.prepare_s * self.scale():,.1f} s" if m.shard_bytes else "-",
                     room.gb(m.shard_bytes * self.scale()) if m.shard_bytes else "-",
-                    "" if fewest is not None else shortfall(m, self.ceiling, usable_cores()),
+                    "" if fewest is not None else shortfall(m, self.ceiling, cores, self.measured),
                 ]
             )
         return rows

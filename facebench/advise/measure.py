@@ -8,7 +8,7 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 
-from facebench import loaders
+from facebench import loaders, stages
 from facebench.config import AdviseConfig, TrainConfig
 from facebench.data.job_data import JobData
 from facebench.epoch import EpochSettings, run_epoch
@@ -32,7 +32,13 @@ class Measured:
     shard_bytes: int = 0
     rates: dict[int, float] = field(default_factory=dict)  # n_workers -> steady images/s
     first_batch_s: dict[int, float] = field(default_factory=dict)
+    # n_workers -> its stage_* metrics (facebench/stages.py)
+    stages: dict[int, dict[str, float]] = field(default_factory=dict)
     note: str = ""  # why it was not (fully) measured
+
+    def stage_us(self, stage: str) -> float | None:
+        """Workers' time per image in `stage` at the best worker count, if measured."""
+        return self.stages.get(self.best()[0], {}).get(f"stage_{stage}_us")
 
     def fewest_feeding(self, ceiling: float) -> int | None:
         fed = [w for w, rate in sorted(self.rates.items()) if rate >= ceiling]
@@ -95,6 +101,7 @@ def measure_loader(
         result = run_epoch(build, None, settings)
         measured.rates[workers] = result.times.steady_images_per_s
         measured.first_batch_s[workers] = result.times.time_to_first_batch_s
+        measured.stages[workers] = result.stages
         log.info(
             "%s, n_workers=%d: %.0f images/s (host side)", name, workers, measured.rates[workers]
         )
@@ -103,10 +110,42 @@ def measure_loader(
     return measured
 
 
-def shortfall(measured: Measured, ceiling: float, cores: int) -> str:
-    """Why a loader does not keep the device fed, in one line."""
+def shortfall(
+    measured: Measured, ceiling: float, cores: int, others: list[Measured] | None = None
+) -> str:
+    """Why a loader does not keep the device fed, in one line: how it scales, and the stage
+    that costs its workers most."""
     if not measured.rates:
         return measured.note or "not measured"
+    scaling = _scaling(measured, ceiling, cores)
+    costly = costly_stage(measured, others or [])
+    return f"{scaling}. {costly}" if costly else scaling
+
+
+def costly_stage(measured: Measured, others: list[Measured]) -> str:
+    """ "decode: 64% of worker time per image; loader=raw spends 0 us per image there": the
+    stage that costs most, and the measured loader that pays least for it, if one pays under a
+    quarter as much."""
+    metrics = measured.stages.get(measured.best()[0], {})
+    name = stages.dominant(metrics)
+    if name is None:
+        return ""
+    mine = metrics[f"stage_{name}_us"]
+    text = f"{name}: {metrics[f'stage_{name}_frac']:.0%} of worker time per image"
+    lighter = [
+        (us, other.name)
+        for other in others
+        if other.name != measured.name
+        and (us := other.stage_us(name)) is not None
+        and us < 0.25 * mine
+    ]
+    if lighter:
+        us, other = min(lighter)
+        text += f"; loader={other} spends {us:,.0f} us per image there (this one {mine:,.0f})"
+    return text
+
+
+def _scaling(measured: Measured, ceiling: float, cores: int) -> str:
     counts = sorted(measured.rates)
     low, high = counts[0], counts[-1]
     best_workers, best = measured.best()
