@@ -1,10 +1,14 @@
-"""Does measuring slow the loop? The same loader-only epochs with the samplers off and on.
+"""Does measuring slow the loop? The same loader-only epochs with each kind of measurement off
+and on: stage times, the resource sampler, MLflow's system metrics.
 
-    python bench/sampler_overhead.py
+    python bench/sampler_overhead.py --loader dataset
+    python bench/sampler_overhead.py --loader raw --repeat 5
 
-Alternates runs with sample_hz=0 and tracking off (only start/end counters), sample_hz=4, and
-sample_hz=4 with MLflow's system metrics (a temporary store), so drift in the machine hits all
-three alike, and prints median images/s of each. Writes the table into docs/benchmarks.md.
+Alternates, round after round, runs with everything off (sample_hz=0, tracking off, stage_times
+off; only the start/end counters), stage times on, the sampler at 4 Hz, and the sampler with
+MLflow's system metrics (a temporary store), so drift in the machine hits all alike; prints the
+median steady and whole-epoch images/s of each, and writes the table into docs/benchmarks.md
+(one section per loader and mode).
 """
 
 from __future__ import annotations
@@ -16,15 +20,25 @@ import statistics
 import sys
 import tempfile
 
-from common import config, machine, stamp, table, write_section
+from common import command_line, config, load_note, machine, stamp, table, write_section
 
 from facebench.runner import run_training
 
+OFF = ["sample_hz=0", "tracking=false", "stage_times=false"]
 SETTINGS = {
-    "samplers off": ["sample_hz=0", "tracking=false"],
-    "sampler 4 Hz": ["sample_hz=4", "tracking=false"],
-    "sampler 4 Hz + MLflow system metrics 1 Hz": ["sample_hz=4", "tracking=true"],
+    "everything off": OFF,
+    "stage times on": ["sample_hz=0", "tracking=false", "stage_times=true"],
+    "sampler 4 Hz": ["sample_hz=4", "tracking=false", "stage_times=false"],
+    "sampler 4 Hz + MLflow system metrics 1 Hz": [
+        "sample_hz=4",
+        "tracking=true",
+        "stage_times=false",
+    ],
 }
+
+
+def _median(metrics: dict[str, float], name: str) -> float:
+    return metrics.get(f"{name}_median", metrics[name])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -34,13 +48,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n-images", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--loader", default="dataset")
+    parser.add_argument("--n-workers", type=int, default=2)
+    parser.add_argument("--host-only", action="store_true", help="host_only=true")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="epochs per job, medians taken (short epochs)"
+    )
     parser.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    mode = "host only" if args.host_only else "loader-only"
     with tempfile.TemporaryDirectory() as store:
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{store}/mlflow.db"
-        rates: dict[str, list[float]] = {name: [] for name in SETTINGS}
+        steady: dict[str, list[float]] = {name: [] for name in SETTINGS}
+        whole: dict[str, list[float]] = {name: [] for name in SETTINGS}
         for round_index in range(args.rounds):
             for name, overrides in SETTINGS.items():
                 print(f"round {round_index + 1}: {name}", file=sys.stderr, flush=True)
@@ -48,33 +69,54 @@ def main(argv: list[str] | None = None) -> None:
                     config(
                         f"loader={args.loader}",
                         "model=none",
-                        "n_workers=2",
+                        f"n_workers={args.n_workers}",
                         "cache=warm",
+                        f"host_only={str(args.host_only).lower()}",
+                        f"repeat={args.repeat}",
                         f"data.n_images={args.n_images}",
                         *overrides,
                         *args.extra,
                     )
                 )
-                rates[name].append(metrics["images_per_s"])
-    base = statistics.median(rates["samplers off"])
+                steady[name].append(_median(metrics, "steady_images_per_s"))
+                whole[name].append(_median(metrics, "images_per_s"))
+    base = statistics.median(steady["everything off"])
+    base_whole = statistics.median(whole["everything off"])
     rows = [
         [
             name,
             f"{statistics.median(values):,.0f}",
             f"{min(values):,.0f}-{max(values):,.0f}",
             f"{100 * (statistics.median(values) / base - 1):+.1f}%",
+            f"{statistics.median(whole[name]):,.0f}",
+            f"{100 * (statistics.median(whole[name]) / base_whole - 1):+.1f}%",
         ]
-        for name, values in rates.items()
+        for name, values in steady.items()
     ]
+    repeats = f", {args.repeat} epochs a job (their medians)" if args.repeat > 1 else ""
     text = (
-        f"### Sampler overhead, loader={args.loader}, loader-only, n_workers 2, warm\n\n"
-        f"{stamp()}; {machine()}. `python bench/sampler_overhead.py`; {args.rounds} rounds, "
-        f"{args.n_images:,} synthetic images.\n\n"
-        + table(["measurement", "median images/s", "range", "vs off"], rows)
+        f"### Measurement overhead, loader={args.loader}, {mode}, n_workers "
+        f"{args.n_workers}, warm\n\n"
+        f"{stamp()}; {machine()}. `{command_line('sampler_overhead.py', argv)}`; "
+        f"{args.rounds} rounds{repeats}, "
+        f"{args.n_images:,} synthetic images, the settings alternated within each round. "
+        f"{load_note()}; nothing else ran on the machine meanwhile.\n\n"
+        + table(
+            [
+                "measurement",
+                "steady images/s (median)",
+                "range",
+                "vs off",
+                "whole-epoch images/s",
+                "vs off",
+            ],
+            rows,
+        )
     )
     print(text)
     if not args.no_write:
-        write_section("bench:sampler-overhead", text)
+        suffix = f"-{args.loader}" + ("-host" if args.host_only else "")
+        write_section(f"bench:sampler-overhead{suffix}", text)
 
 
 if __name__ == "__main__":

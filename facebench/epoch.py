@@ -202,9 +202,7 @@ def _timed_epoch(
         loss_first=seen.first_loss.item() if seen.first_loss is not None else None,
         loss_last=seen.last_loss.item() if seen.last_loss is not None else None,
         device_busy=busy.metrics(times.epoch_time_s),
-        stages=totals.metrics(times.samples_seen, times.epoch_time_s)
-        if settings.stage_times
-        else {},
+        stages=totals.metrics(times.samples_seen, times.epoch_time_s),
     )
 
 

@@ -135,7 +135,7 @@ def begin_epoch(on: bool) -> StageTotals:
     itself (n_workers=0) count from here; the totals the loop fills."""
     enable(on)
     _local.tally = _Tally(_cpu_clock())
-    return StageTotals()
+    return StageTotals(enabled=on)
 
 
 def timed_items(items: Iterable[T], stage: int = READ) -> Iterator[T]:
@@ -171,6 +171,7 @@ class StageTotals:
     worker_cpu_ns: int = 0
     timed_batches: int = 0
     main_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(MAIN_STAGES, 0.0))
+    enabled: bool = True  # False: stage_times=false, nothing to report
 
     def add_batch(self, times: StageTimes | None) -> None:
         if times is None:
@@ -183,7 +184,7 @@ class StageTotals:
     def metrics(self, images: int, epoch_time_s: float) -> dict[str, float]:
         """stage_<name>_us (per image) and stage_<name>_frac for every stage; the worker side
         only where batches carried stage times (a loader that has none is not broken down)."""
-        if images <= 0 or epoch_time_s <= 0:
+        if not self.enabled or images <= 0 or epoch_time_s <= 0:
             return {}
         metrics: dict[str, float] = {}
         worker_total = sum(self.worker_ns)

@@ -219,3 +219,23 @@ def test_stages_add_up_to_the_workers_cpu_time_and_the_epoch(make_cfg, name):
     assert main * metrics["samples_seen"] == pytest.approx(metrics["epoch_time_s"], rel=0.05)
     # Decoding and transforming a PNG or JPEG costs more than reading it from a warm cache.
     assert metrics["stage_decode_us"] > metrics["stage_read_us"]
+
+
+def test_the_report_shows_each_loaders_stages_with_the_costliest_in_bold(tmp_path):
+    from facebench.report import Cell, render
+    from facebench.report_chart import chart
+
+    decoding = {"read": 40.0, "decode": 600.0, "transform": 350.0, "collate": 70.0}
+    table = {
+        2: {
+            "dataset": Cell(10.0, 1000.0, 1, decoding),
+            "raw": Cell(0.5, 20000.0, 1, {"read": 30.0, "collate": 2.0}),
+            "dali": Cell(2.0, 5000.0, 1),  # not broken down: no row
+        }
+    }
+    text = render((("model", "none"),), table)
+    assert "| dataset | 2 | 40 | **600** | 350 | 70 |" in text
+    assert "| raw | 2 | **30** | 0 | 0 | 2 |" in text
+    assert "| dali |" not in text.split("Where each image's time went")[1]
+    chart({(("model", "none"),): table}, tmp_path / "report.png", with_article=True)
+    assert (tmp_path / "report.png").stat().st_size > 10_000
