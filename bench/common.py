@@ -12,12 +12,13 @@ import sys
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
 
+from facebench.config import typed
 from facebench.device import cpu_model
 from facebench.jobs import configure
 from facebench.paths import PROJECT_ROOT
@@ -45,14 +46,15 @@ def run_train(scratch: str, overrides: list[str]) -> dict[str, float]:
     return json.loads((output / "results.json").read_text())["metrics"]
 
 
-def config(*overrides: str) -> DictConfig:
-    """train.yaml composed exactly as train.py would, with these overrides."""
+def config(*overrides: str) -> Any:
+    """train.yaml composed and checked exactly as train.py would, with these overrides: the
+    typed config run_training takes."""
     global _configured
     if not _configured:
         configure()
         _configured = True
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
-        return compose(config_name="train", overrides=list(overrides))
+        return typed(compose(config_name="train", overrides=list(overrides)))
 
 
 def machine() -> str:
