@@ -106,7 +106,8 @@ def join(model: torch.nn.Module | None):
 
 
 def whole_job(per_rank: list[dict[str, float]]) -> dict[str, float]:
-    """One set of metrics for the job: counts summed, times from the slowest rank.
+    """One set of metrics for the job: counts summed, times from the slowest rank, stage times
+    averaged.
 
     images_per_s is every rank's samples over the slowest rank's epoch time; data wait is given
     as the mean and the max over ranks, so a straggler shows.
@@ -132,4 +133,8 @@ def whole_job(per_rank: list[dict[str, float]]) -> dict[str, float]:
     merged["data_wait_frac"] = statistics.mean(m["data_wait_frac"] for m in per_rank)
     merged["data_wait_frac_max"] = max(m["data_wait_frac"] for m in per_rank)
     merged["cpu_util_mean"] = statistics.mean(m.get("cpu_util_mean", 0.0) for m in per_rank)
+    # Stage times are per image and shares: every rank handles as many images, so the job's
+    # are the ranks' means.
+    for name in {key for m in per_rank for key in m if key.startswith("stage_")}:
+        merged[name] = statistics.mean(m[name] for m in per_rank if name in m)
     return merged

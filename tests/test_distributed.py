@@ -84,6 +84,7 @@ def test_whole_job_metrics_sum_counts_and_take_the_slowest_rank():
             "data_wait_frac": 0.5,
             "compute_s": 1.0,
             "cpu_util_mean": 40.0,
+            "stage_decode_us": 500.0,
         },
         {
             "samples_seen": 80.0,
@@ -95,6 +96,7 @@ def test_whole_job_metrics_sum_counts_and_take_the_slowest_rank():
             "data_wait_frac": 0.75,
             "compute_s": 1.0,
             "cpu_util_mean": 60.0,
+            "stage_decode_us": 700.0,
         },
     ]
     merged = whole_job(ranks)
@@ -102,3 +104,4 @@ def test_whole_job_metrics_sum_counts_and_take_the_slowest_rank():
     assert merged["images_per_s"] == 40.0
     assert merged["data_wait_s"] == 2.0 and merged["data_wait_s_max"] == 3.0
     assert merged["time_to_first_batch_s"] == 0.5
+    assert merged["stage_decode_us"] == 600.0  # per image: the ranks' mean
