@@ -64,7 +64,10 @@ def view_state(search_filter: str, order_by: str = FASTEST_FIRST) -> dict[str, A
         "selectedColumns": selected,
         # A width applies only to a column listed in the order: room for whole run names.
         "columnOrder": [_RUN_NAME, *selected],
-        "columnWidths": {_RUN_NAME: 270},
+        "columnWidths": {
+            _RUN_NAME: 270,
+            **{column("tags", key): 150 for key in TAG_COLUMNS},  # "transform 53%" in full
+        },
         "runsHiddenMode": "SHOW_ALL",
         "viewMaximized": False,
         "runListHidden": False,
