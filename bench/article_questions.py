@@ -22,11 +22,20 @@ from __future__ import annotations
 import argparse
 import tempfile
 
-from common import command_line, load_note, machine, run_train, stamp, table, write_section
+from common import (
+    STAGE_HEADER,
+    command_line,
+    load_note,
+    machine,
+    run_train,
+    stage_cells,
+    stamp,
+    table,
+    write_section,
+)
 from slow_storage import SlowStorage
 
 from facebench.paths import cache_dir
-from facebench.stages import WORKER_STAGES
 
 PIPELINES = ("dataset", "datapipe", "pickle", "raw")
 
@@ -55,16 +64,6 @@ class Runs:
         return run_train(self.scratch, overrides)
 
 
-def _stage_cells(metrics: dict[str, float]) -> list[str]:
-    cells = [f"{metrics.get(f'stage_{name}_us', 0.0):,.0f}" for name in WORKER_STAGES]
-    cells.append(f"{metrics.get('stage_worker_cpu_us', 0.0):,.0f}")
-    cells.append(f"{metrics.get('stage_worker_coverage', 0.0):.2f}")
-    return cells
-
-
-STAGE_HEADER = [*(f"{name} us" for name in WORKER_STAGES), "worker CPU us", "stages / CPU"]
-
-
 def why_pickle(runs: Runs) -> str:
     conditions = [("warm page cache", "warm", False), ("cold, this disk", "cold", False)]
     if isinstance(runs.slow, SlowStorage):
@@ -80,7 +79,7 @@ def why_pickle(runs: Runs) -> str:
                     name,
                     f"{metrics['images_per_s']:,.0f}",
                     f"{metrics['images_per_s'] / base:.2f}x",
-                    *_stage_cells(metrics),
+                    *stage_cells(metrics),
                     f"{metrics.get('read_mb', 0.0):,.0f}",
                 ]
             )
@@ -125,7 +124,7 @@ def _row(
         str(workers),
         f"{metrics['images_per_s']:,.0f}",
         f"{metrics.get('cache_resident_frac', 0.0):.2f}",
-        *_stage_cells(metrics),
+        *stage_cells(metrics),
         f"{metrics.get('peak_mem_added_mb', 0.0):,.0f}",
     ]
 

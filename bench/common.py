@@ -22,6 +22,7 @@ from facebench.config import typed
 from facebench.device import cpu_model
 from facebench.jobs import configure
 from facebench.paths import PROJECT_ROOT
+from facebench.stages import WORKER_STAGES
 
 BENCHMARKS_MD = PROJECT_ROOT / "docs" / "benchmarks.md"
 _configured = False
@@ -99,6 +100,21 @@ def command_line(script: str, argv: list[str] | None) -> str:
 
 def stamp() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+# Where each image's time went (facebench/stages.py): the workers' stages, their CPU time, and
+# the stages over the CPU time (near 1: the stages account for it; above: the workers waited).
+STAGE_HEADER = [*(f"{name} us" for name in WORKER_STAGES), "worker CPU us", "stages / CPU"]
+
+
+def stage_cells(metrics: dict[str, float]) -> list[str]:
+    """A run's STAGE_HEADER cells; "-" where its loader's stages are not broken down."""
+    if "stage_worker_us" not in metrics:
+        return ["-"] * len(STAGE_HEADER)
+    cells = [f"{metrics.get(f'stage_{name}_us', 0.0):,.0f}" for name in WORKER_STAGES]
+    cells.append(f"{metrics.get('stage_worker_cpu_us', 0.0):,.0f}")
+    cells.append(f"{metrics.get('stage_worker_coverage', 0.0):.2f}")
+    return cells
 
 
 def table(header: list[str], rows: Iterable[list[str]]) -> str:

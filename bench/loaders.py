@@ -17,10 +17,21 @@ import argparse
 import itertools
 import tempfile
 
-from common import command_line, load_note, machine, run_train, stamp, table, write_section
+from common import (
+    STAGE_HEADER,
+    command_line,
+    load_note,
+    machine,
+    run_train,
+    stage_cells,
+    stamp,
+    table,
+    write_section,
+)
 
 from facebench import loaders
 from facebench.loaders.spec import Handover
+from facebench.stages import MAIN_STAGES
 
 LOADERS = loaders.names(real_only=True)  # the registry's, never written out
 
@@ -91,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         *args.extra,
     ]
     load = load_note()
-    rows, baseline, rates = [], {}, []
+    rows, baseline, rates, stage_rows = [], {}, [], []
     with tempfile.TemporaryDirectory() as scratch:
         for cache, host_only, workers in itertools.product(
             args.caches, args.host_only, args.workers
@@ -110,10 +121,12 @@ def main(argv: list[str] | None = None) -> None:
                     ],
                 )
                 rate = m["images_per_s_median"]
+                loop = [f"{100 * m.get(f'stage_{name}_frac', 0.0):.0f}%" for name in MAIN_STAGES]
+                where = [loader, str(workers), "yes" if host_only == "true" else "no", cache]
+                stage_rows.append([*where, *stage_cells(m), *loop])
                 rates.append((loader, workers, host_only, cache, rate))
                 if loader == "dataset":
                     baseline[(cache, host_only, workers)] = rate
-                base = baseline.get((cache, host_only, workers))
                 rows.append(
                     [
                         loader,
@@ -122,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
                         cache,
                         f"{rate:,.0f}",
                         f"{m['steady_images_per_s_median']:,.0f}",
-                        f"{rate / base:.2f}x" if base else "",
+                        "",  # vs dataset: filled in once every loader has run
                         f"{m['time_to_first_batch_s_median']:.2f}",
                         f"{m['data_wait_frac_median']:.2f}",
                         f"{m['peak_rss_mb']:,.0f}",
@@ -133,6 +146,9 @@ def main(argv: list[str] | None = None) -> None:
                         f"{m['cache_resident_frac']:.2f}" if "cache_resident_frac" in m else "",
                     ]
                 )
+        for row, (_, workers, host_only, cache, rate) in zip(rows, rates, strict=True):
+            base = baseline.get((cache, host_only, workers))
+            row[6] = f"{rate / base:.2f}x" if base else ""
         ceilings = [
             [model, f"{m['images_per_s']:,.1f}", f"{m['steady_images_per_s']:,.1f}"]
             for model in args.ceiling_models
@@ -172,6 +188,13 @@ def main(argv: list[str] | None = None) -> None:
         f"{stamp()}; {machine()}. `{command_line('loaders.py', argv)}`; "
         f"medians of {args.repeat} epochs per row (memory and CPU of the last); {load}.\n\n"
         + table(header, rows)
+    )
+    text += (
+        "\nWhere each image's time went (the last epoch of each row): the workers' stages in "
+        "us per image, summed over workers; the loop's, as shares of the epoch.\n\n"
+        + table(
+            ["loader", "workers", "host only", "cache", *STAGE_HEADER, *MAIN_STAGES], stage_rows
+        )
     )
     limit = crop_normalize_limit(args.batch_size)
     text += (

@@ -24,8 +24,10 @@ def _timing_on():
 
 
 def _busy(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
+    """Work until this thread has used `seconds` of CPU time: as long in wall time or longer,
+    however busy the machine."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
         pass
 
 
@@ -39,9 +41,10 @@ def test_a_take_holds_this_threads_stages_since_its_last_take():
     assert first is not None
     read, decode, transform, collate = first.ns
     assert read == transform == 0
-    assert 0.02e9 <= decode < 0.03e9 and 0.01e9 <= collate < 0.02e9
-    # Busy work is CPU time: the thread's CPU clock saw it too.
-    assert first.cpu_ns >= 0.9 * (decode + collate)
+    assert decode >= 0.02e9 and collate >= 0.01e9
+    # The thread's CPU time since the epoch began (not since it started): the 30 ms of work,
+    # and no more than the wall time that passed.
+    assert 0.03e9 <= first.cpu_ns <= decode + collate + 0.05e9
     second = stages.take()
     assert second is not None and second.ns == (0, 0, 0, 0)
 
@@ -94,7 +97,7 @@ def test_a_forked_worker_counts_its_own_work_and_its_process_cpu_time():
     child.join(timeout=30)
     assert times.ns[stages.READ] == 0
     assert times.ns[stages.DECODE] >= 0.01e9
-    assert times.cpu_ns >= times.ns[stages.DECODE] * 0.9  # the process's CPU since it started
+    assert times.cpu_ns >= 0.01e9  # the process's CPU time since it was forked
     assert times.producer[0] == child.pid
 
 
