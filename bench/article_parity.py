@@ -32,6 +32,7 @@ FACEBENCH = {
     "loader=dataset": [],
     "loader=dataset stage_times=false": ["stage_times=false"],
     "loader=dataset sample_hz=0": ["sample_hz=0"],
+    "loader=dataset cache=keep": ["cache=keep"],
 }
 
 
