@@ -87,16 +87,6 @@ def _forked() -> None:
 os.register_at_fork(after_in_child=_forked)
 
 
-def enable(on: bool) -> None:
-    """Turn stage timing on or off in this process and the workers it forks from now on."""
-    global _enabled
-    _enabled = on
-
-
-def enabled() -> bool:
-    return _enabled
-
-
 def _tally() -> _Tally:
     try:
         return _local.tally
@@ -133,7 +123,8 @@ def begin_epoch(on: bool) -> StageTotals:
     """In the loop's thread, as an epoch starts (before its workers are forked: they inherit
     the setting): timing on or off, this thread's tally forgotten, so that batches it assembles
     itself (n_workers=0) count from here; the totals the loop fills."""
-    enable(on)
+    global _enabled
+    _enabled = on
     _local.tally = _Tally(_cpu_clock())
     return StageTotals(enabled=on)
 
@@ -211,7 +202,7 @@ def dominant(metrics: Mapping[str, float]) -> str | None:
 
 
 def dominant_label(metrics: Mapping[str, float]) -> str | None:
-    """ "decode 53%": the costliest worker stage and its share of the workers' time."""
+    """The costliest worker stage and its share of the workers' time, as "decode 53%"."""
     name = dominant(metrics)
     return f"{name} {metrics[f'stage_{name}_frac']:.0%}" if name else None
 
