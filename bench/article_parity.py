@@ -22,11 +22,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-from common import command_line, load_note, machine, run_train, stamp, table, write_section
-
-from facebench.paths import cache_dir
+from common import (
+    command_line,
+    generated_root,
+    load_note,
+    machine,
+    run_train,
+    stamp,
+    table,
+    write_section,
+)
 
 FACEBENCH = {
     "loader=dataset": [],
@@ -176,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
             for name, extra in FACEBENCH.items():
                 rates[name].append(run_train(scratch, [*common, "loader=dataset", *extra]))
             # The facebench run just read every file in: the article's finds them cached too.
-            root = _synthetic_root(args.n_images)
+            root = str(generated_root(args.n_images))
             rates["the article's code"].append(_article_run(root, args.n_workers, args.batch_size))
     base = {
         key: statistics.median(run[key] for run in rates["the article's code"])
@@ -217,14 +223,6 @@ def main(argv: list[str] | None = None) -> None:
     print(text)
     if not args.no_write:
         write_section("bench:article-parity", text)
-
-
-def _synthetic_root(n_images: int) -> str:
-    """The synthetic tree facebench generated for this many images (seed 0)."""
-    found = sorted((Path(cache_dir("")) / "synthetic").glob(f"n{n_images}-seed0-*"))
-    if not found:
-        raise SystemExit(f"no synthetic set of {n_images} images under {cache_dir('')}")
-    return str(found[-1])
 
 
 if __name__ == "__main__":

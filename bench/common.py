@@ -19,9 +19,10 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from facebench.config import typed
+from facebench.data.synthetic import synthetic_root
 from facebench.device import cpu_model
 from facebench.jobs import configure
-from facebench.paths import PROJECT_ROOT
+from facebench.paths import PROJECT_ROOT, cache_dir
 from facebench.stages import WORKER_STAGES
 
 BENCHMARKS_MD = PROJECT_ROOT / "docs" / "benchmarks.md"
@@ -56,6 +57,14 @@ def config(*overrides: str) -> Any:
         _configured = True
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
         return typed(compose(config_name="train", overrides=list(overrides)))
+
+
+def generated_root(n_images: int) -> Path:
+    """The synthetic set of this many images (seed 0) that the runs just made generated."""
+    root = synthetic_root(cache_dir(""), n_images, seed=0)
+    if not root.is_dir():
+        raise SystemExit(f"{root}: no synthetic set of {n_images:,} images; run train.py first")
+    return root
 
 
 def machine() -> str:

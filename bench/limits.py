@@ -21,14 +21,22 @@ import time
 from pathlib import Path
 
 import torch
-from common import command_line, load_note, machine, run_train, stamp, table, write_section
+from common import (
+    command_line,
+    generated_root,
+    load_note,
+    machine,
+    run_train,
+    stamp,
+    table,
+    write_section,
+)
 from PIL import Image
 
 from facebench.data.fast_decode import decode_resized
 from facebench.data.images import open_sample, read_file
 from facebench.data.sources import CELEBA, DIGIFACE
 from facebench.data.transforms import article_transform
-from facebench.paths import cache_dir
 from facebench.resources import usable_cores
 
 # Which limit each decoding loader is held against (its own decoding path).
@@ -99,8 +107,8 @@ def main(argv: list[str] | None = None) -> None:
             name: run_train(scratch, [f"loader={name}", f"n_workers={cores}", *common])
             for name in MATCHING
         }
-    found = sorted((Path(cache_dir("")) / "synthetic").glob(f"n{args.n_images}-seed0-*"))
-    files = _files(found[-1])  # the loaders' runs just read every file into the page cache
+    # The loaders' runs just read every file into the page cache.
+    files = _files(generated_root(args.n_images))
     kinds = ["PIL, resize", "PIL, article transform", "torchvision.io, resize"]
     limits = {kind: limit(kind, files, cores) for kind in kinds}
     limit_rows = [[kind, f"{rate:,.0f}"] for kind, rate in limits.items()]

@@ -123,9 +123,9 @@ def shortfall(
 
 
 def costly_stage(measured: Measured, others: list[Measured]) -> str:
-    """ "decode: 64% of worker time per image; loader=raw spends 0 us per image there": the
-    stage that costs most, and the measured loader that pays least for it, if one pays under a
-    quarter as much."""
+    """The stage that costs most, and the measured loader that pays least for it if one pays
+    under a quarter as much: "decode: 64% of worker time per image; loader=raw spends 0 us per
+    image there (this one 640)"."""
     metrics = measured.stages.get(measured.best()[0], {})
     name = stages.dominant(metrics)
     if name is None:
