@@ -10,16 +10,25 @@ to-tensor, normalize: all their work), and read + decode + resize with torchvisi
 webdataset and nodes do with decoder=torchvision; the device crops and normalizes). Each decoding
 loader then runs host-only with n_workers equal to the cores, and its rate is given as a share of
 its matching limit.
+
+Then raw's limits on a CPU device, where the host both gathers each batch's records and crops
+and normalizes them: finishing alone (uint8 batches already in memory), gathering alone (one
+pread per record, in random order, from raw's own shards in the page cache), and the two
+together (each of one thread per core gathers a batch, then finishes it). raw runs on the CPU
+device with n_workers equal to the cores, and its rate is given as a share of each.
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import tempfile
+import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from common import (
     command_line,
@@ -33,11 +42,15 @@ from common import (
 )
 from PIL import Image
 
+from facebench.data.batch_transforms import crop_normalize_on_cpu, crop_offsets
 from facebench.data.fast_decode import decode_resized
 from facebench.data.images import open_sample, read_file
 from facebench.data.sources import CELEBA, DIGIFACE
-from facebench.data.transforms import article_transform
+from facebench.data.transforms import ARTICLE, article_transform
+from facebench.paths import shards_root
 from facebench.resources import usable_cores
+from facebench.shards import raw_format
+from facebench.shards.manifest import Manifest
 
 # Which limit each decoding loader is held against (its own decoding path).
 MATCHING = {
@@ -92,52 +105,151 @@ def limit(kind: str, files: list[tuple[str, str]], processes: int) -> float:
     return len(files) / (time.perf_counter() - started)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--n-images", type=int, default=20_000)
-    parser.add_argument("--no-write", action="store_true")
-    args = parser.parse_args(argv)
-    load = load_note()
-    cores = usable_cores()
+class RawShards:
+    """raw's shard files, open, read the way raw reads them: one pread per record."""
+
+    def __init__(self, folder: Path, resize: int) -> None:
+        manifest = Manifest.read(folder)
+        if manifest is None:
+            raise SystemExit(f"{folder}: no raw shards; run train.py loader=raw first")
+        self.files = [os.open(folder / shard.name, os.O_RDONLY) for shard in manifest.shards]
+        self.data = [
+            raw_format.data_offset(fd, shard.name, resize)
+            for fd, shard in zip(self.files, manifest.shards, strict=True)
+        ]
+        self.starts = np.cumsum([0] + [shard.samples for shard in manifest.shards])
+        self.shape = raw_format.shape(resize)
+        self.record = int(np.prod(self.shape))
+
+    def gather(self, positions: np.ndarray, out: np.ndarray) -> None:
+        rows = out.reshape(len(positions), self.record)
+        shard_of = np.searchsorted(self.starts, positions, side="right") - 1
+        for row, shard, position in zip(rows, shard_of.tolist(), positions.tolist(), strict=True):
+            offset = self.data[shard] + (position - int(self.starts[shard])) * self.record
+            os.preadv(self.files[shard], [row], offset)
+
+
+def finishing_limit(
+    shards: RawShards, steps: str, threads: int, batch_size: int, seconds: float = 4.0
+) -> float:
+    """Images/s of `threads` threads, each repeating `steps` ("gather", "finish" or both) on
+    batches of random records, for `seconds` after all have started."""
+    barrier = threading.Barrier(threads + 1)
+    done = [0] * threads
+    stop = threading.Event()
+
+    def work(index: int) -> None:
+        torch.set_num_threads(1)  # as facebench's finishing threads run
+        rng = np.random.default_rng(index)
+        images = torch.empty((batch_size, *shards.shape), dtype=torch.uint8)
+        if "gather" not in steps:  # finishing alone: a batch already in memory
+            shards.gather(
+                np.sort(rng.choice(shards.starts[-1], batch_size, replace=False)), images.numpy()
+            )
+        out = torch.empty((batch_size, *ARTICLE.cropped, 3), dtype=torch.float32)
+        barrier.wait()
+        while not stop.is_set():
+            if "gather" in steps:
+                positions = np.sort(rng.choice(shards.starts[-1], batch_size, replace=False))
+                shards.gather(positions, images.numpy())
+            if "finish" in steps:
+                offsets = torch.from_numpy(crop_offsets(batch_size, "random", rng))
+                crop_normalize_on_cpu(images, offsets, out)
+            done[index] += batch_size
+
+    pool = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    for thread in pool:
+        thread.start()
+    barrier.wait()
+    started = time.perf_counter()
+    time.sleep(seconds)
+    counted = sum(done)
+    elapsed = time.perf_counter() - started
+    stop.set()
+    for thread in pool:
+        thread.join()
+    return counted / elapsed
+
+
+def decode_section(n_images: int, cores: int) -> str:
+    """The decode limits and each decoding loader's share, as a Markdown section."""
     with tempfile.TemporaryDirectory() as scratch:
-        common = ["model=none", "host_only=true", "cache=warm", f"data.n_images={args.n_images}"]
+        common = ["model=none", "host_only=true", "cache=warm", f"data.n_images={n_images}"]
         rates = {
             name: run_train(scratch, [f"loader={name}", f"n_workers={cores}", *common])
             for name in MATCHING
         }
     # The loaders' runs just read every file into the page cache.
-    files = _files(generated_root(args.n_images))
+    files = _files(generated_root(n_images))
     kinds = ["PIL, resize", "PIL, article transform", "torchvision.io, resize"]
     limits = {kind: limit(kind, files, cores) for kind in kinds}
-    limit_rows = [[kind, f"{rate:,.0f}"] for kind, rate in limits.items()]
     rows = []
     for name, metrics in rates.items():
-        kind = MATCHING[name]
-        steady = metrics["steady_images_per_s"]
-        rows.append(
-            [
-                name,
-                kind,
-                f"{steady:,.0f}",
-                f"{limits[kind]:,.0f}",
-                f"{100 * steady / limits[kind]:.0f}%",
-            ]
-        )
-    text = (
-        f"### Decode limits and each decoding loader's share, {args.n_images:,} synthetic "
+        kind, steady = MATCHING[name], metrics["steady_images_per_s"]
+        share = f"{100 * steady / limits[kind]:.0f}%"
+        rows.append([name, kind, f"{steady:,.0f}", f"{limits[kind]:,.0f}", share])
+    return (
+        f"### Decode limits and each decoding loader's share, {n_images:,} synthetic "
         f"images, warm, host side, n_workers {cores}\n\n"
-        f"{stamp()}; {machine()}. `{command_line('limits.py', argv)}`; limits: {cores} "
-        f"processes together, one share of the {len(files):,} files each; {load}, nothing else "
-        "ran meanwhile.\n\n"
-        + table(["limit", "images/s"], limit_rows)
+        f"Limits: {cores} processes together, one share of the {len(files):,} files each.\n\n"
+        + table(["limit", "images/s"], [[kind, f"{rate:,.0f}"] for kind, rate in limits.items()])
         + "\n"
         + table(["loader", "its limit", "steady images/s", "limit", "share"], rows)
     )
-    print(text)
-    if not args.no_write:
-        write_section("bench:decode-limits", text)
+
+
+def finishing_section(n_images: int, cores: int, batch_size: int = 600) -> str:
+    """raw's limits on a CPU device and its share of each, as a Markdown section."""
+    with tempfile.TemporaryDirectory() as scratch:
+        common = ["loader=raw", f"n_workers={cores}", "model=none", "cache=warm", "repeat=3"]
+        common += [f"data.n_images={n_images}", f"batch_size={batch_size}"]
+        device = run_train(scratch, common)["steady_images_per_s_median"]
+        host = run_train(scratch, [*common, "host_only=true"])["steady_images_per_s_median"]
+    shards = RawShards(shards_root("", generated_root(n_images), "raw"), ARTICLE.resize)
+    limits = {
+        steps: finishing_limit(shards, steps, cores, batch_size)
+        for steps in ["finish", "gather", "gather, then finish"]
+    }
+    alone = 1 / (1 / limits["finish"] + 1 / limits["gather"])
+    rows = [
+        ["finish alone (crop and normalize uint8 batches in memory)", limits["finish"]],
+        ["gather alone (one pread per record, random order)", limits["gather"]],
+        ["gather, then finish, in each thread", limits["gather, then finish"]],
+    ]
+    cells = [[what, f"{rate:,.0f}", f"{100 * device / rate:.0f}%"] for what, rate in rows]
+    return (
+        f"### raw's limits on a CPU device, {n_images:,} synthetic images, warm, batch "
+        f"{batch_size}, {cores} threads\n\n"
+        f"raw, n_workers {cores}, CPU device: {device:,.0f} images/s steady (median of 3 "
+        f"epochs); host side only (`host_only=true`): {host:,.0f}.\n\n"
+        + table(["limit, no loader", "images/s", "raw's share"], cells)
+        + f"\nIf each image cost the cores its gathering and its finishing, one after the "
+        f"other, the two together would run at 1 / (1/finish + 1/gather) = {alone:,.0f} "
+        "images/s.\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--n-images", type=int, default=20_000)
+    parser.add_argument("--parts", nargs="+", default=["decode", "finishing"])
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args(argv)
+    load = load_note()
+    cores = usable_cores()
+    header = (
+        f"{stamp()}; {machine()}. `{command_line('limits.py', argv)}`; {load}, nothing else "
+        "ran meanwhile.\n\n"
+    )
+    for part in args.parts:
+        body = (decode_section if part == "decode" else finishing_section)(args.n_images, cores)
+        title, rest = body.split("\n\n", 1)
+        text = f"{title}\n\n{header}{rest}"
+        print(text)
+        if not args.no_write:
+            write_section(f"bench:{part}-limits", text)
 
 
 if __name__ == "__main__":
