@@ -126,7 +126,8 @@ def whole_job(per_rank: list[dict[str, float]]) -> dict[str, float]:
     merged["compute_s"] = slowest["compute_s"]
     merged["time_to_first_batch_s"] = max(m["time_to_first_batch_s"] for m in per_rank)
     merged["images_per_s"] = merged["samples_seen"] / merged["epoch_time_s"]
-    merged["steady_images_per_s"] = sum(m["steady_images_per_s"] for m in per_rank)
+    if all("steady_images_per_s" in m for m in per_rank):  # each rank measured one
+        merged["steady_images_per_s"] = sum(m["steady_images_per_s"] for m in per_rank)
     waits = [m["data_wait_s"] for m in per_rank]
     merged["data_wait_s"] = statistics.mean(waits)
     merged["data_wait_s_max"] = max(waits)

@@ -21,6 +21,9 @@ from facebench.device import synchronize
 # start-up, first-touch allocations, cuDNN autotuning. A tenth of the epoch, 1 to 20 batches.
 WARMUP_FRACTION = 0.1
 WARMUP_MAX_BATCHES = 20
+# Batches after the warm-up that a steady rate needs: with fewer, one batch's timing would be the
+# whole of it (2 batches of 600 gave "525 images/s, steady 23,570"), so none is reported.
+MIN_STEADY_BATCHES = 5
 
 
 @dataclass
@@ -46,14 +49,20 @@ class EpochTimes:
         """Time not spent waiting for data: moving batches, the model's steps, loop overhead."""
         return max(0.0, self.epoch_time_s - self.data_wait_s)
 
+    @property
+    def steady_measured(self) -> bool:
+        """Whether enough batches came after the warm-up to report a steady rate."""
+        return self.batches - self.warmup_batches >= MIN_STEADY_BATCHES
+
     def metrics(self) -> dict[str, float]:
+        steady = {"steady_images_per_s": self.steady_images_per_s} if self.steady_measured else {}
         return {
             "epoch_time_s": self.epoch_time_s,
             "images_per_s": self.images_per_s,
             "samples_seen": float(self.samples_seen),
             "batches": float(self.batches),
             "time_to_first_batch_s": self.time_to_first_batch_s,
-            "steady_images_per_s": self.steady_images_per_s,
+            **steady,
             "warmup_batches": float(self.warmup_batches),
             "data_wait_s": self.data_wait_s,
             "data_wait_frac": self.data_wait_frac,

@@ -33,8 +33,9 @@ METRIC_COLUMNS = (
     "gpu_util_mean",
 )
 PARAM_COLUMNS = ("loader", "n_workers", "host_only")
-# Where the workers' time goes, as "decode 53%" (facebench/stages.py).
-TAG_COLUMNS = ("dominant_stage",)
+# Which data set and how many samples ("synthetic 1,200"); where the workers' time goes, as
+# "decode 53%" (facebench/stages.py).
+TAG_COLUMNS = ("data_set", "dominant_stage")
 _RUN_NAME = "attributes.`Run Name`"
 
 

@@ -1,15 +1,79 @@
-"""Progress for long work: a bar on a terminal, a few log lines elsewhere (CI, log files)."""
+"""Progress for long work: a bar on a terminal, a log line every 30 s elsewhere (CI, nohup,
+SLURM, a file), so that output sent anywhere but a terminal still shows the work going on."""
 
 from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
 from tqdm import tqdm
 
 T = TypeVar("T")
+
+LOG_EVERY_S = 30.0  # between two progress lines when stderr is not a terminal
+
+
+def _duration(seconds: float) -> str:
+    """'45 s', '12 min', '3.2 h': how long, to the precision a progress line needs."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+class ProgressLog:
+    """Counts work done and logs a line at a steady interval: done of total, rate, time left.
+
+    The first line comes one interval after the start (short work logs nothing); `close` logs a
+    last line if any was logged before, so that a log's last word on the work is its end.
+    """
+
+    def __init__(
+        self,
+        total: int | None,
+        description: str,
+        unit: str,
+        log: logging.Logger | None = None,
+        every_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.total = total
+        self.description = description
+        self.unit = unit
+        self.log = log or logging.getLogger(__name__)
+        self.every_s = LOG_EVERY_S if every_s is None else every_s
+        self.clock = clock
+        self.started = clock()
+        self.next_at = self.started + self.every_s
+        self.done = 0
+        self.lines = 0
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        now = self.clock()
+        if now >= self.next_at:
+            self._line(now)
+            self.next_at = now + self.every_s
+
+    def close(self) -> None:
+        if self.lines:
+            self._line(self.clock())
+
+    def _line(self, now: float) -> None:
+        self.lines += 1
+        elapsed = max(now - self.started, 1e-9)
+        rate = self.done / elapsed
+        text = f"{self.description}: {self.done:,} {self.unit}"
+        if self.total:
+            text += f" of {self.total:,} ({100 * self.done / self.total:.0f}%)"
+        text += f", {rate:,.1f} {self.unit}/s, {_duration(elapsed)} so far"
+        if self.total and 0 < self.done < self.total and rate > 0:
+            text += f", about {_duration((self.total - self.done) / rate)} left"
+        self.log.info("%s", text)
 
 
 def progress(
@@ -19,31 +83,23 @@ def progress(
     unit: str = "it",
     log: logging.Logger | None = None,
 ) -> Iterator[T]:
-    """Yield items, showing progress: tqdm on a terminal, otherwise a log line every 10%."""
+    """Yield items, showing progress: tqdm on a terminal, otherwise a ProgressLog."""
     if sys.stderr.isatty():
         yield from tqdm(items, total=total, desc=description, unit=unit, dynamic_ncols=True)
         return
-    logger = log or logging.getLogger(__name__)
-    next_report = 0.1
-    for done, item in enumerate(items, start=1):
+    lines = ProgressLog(total, description, unit, log)
+    for item in items:
         yield item
-        if total and done / total >= next_report:
-            logger.info("%s: %d/%d %s (%.0f%%)", description, done, total, unit, 100 * done / total)
-            next_report = (int(10 * done / total) + 1) / 10
+        lines.update()
+    lines.close()
 
 
-class _Quiet:
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def epoch_progress(total_images: int | None, description: str):
-    """A live images/s bar for the epoch on a terminal; nothing elsewhere (logs stay clean)."""
+def epoch_progress(
+    total_images: int | None, description: str, log: logging.Logger | None = None
+) -> tqdm | ProgressLog:
+    """A live images/s bar for the epoch on a terminal; a ProgressLog elsewhere."""
     if not sys.stderr.isatty():
-        return _Quiet()
+        return ProgressLog(total_images, description, "images", log)
     return tqdm(
         total=total_images,
         desc=description,

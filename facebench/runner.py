@@ -26,6 +26,7 @@ from facebench.exactly_once import check_exactly_once
 from facebench.job import Job
 from facebench.loaders.base import LoaderContext
 from facebench.loaders.spec import LoaderSpec
+from facebench.meter import MIN_STEADY_BATCHES
 from facebench.pagecache import prepare_cache, resident_fraction
 from facebench.resources import check_workers
 from facebench.tracking import Tracker, tracking_uri, ui_command, write_results
@@ -42,7 +43,7 @@ HEADLINE = (
     "data_wait_frac",
 )
 # Metrics of the job rather than of an epoch: logged once.
-ONCE = ("prepare_s", "samples_skipped", "listing_s")
+ONCE = ("prepare_s", "samples_skipped", "listing_s", "n_shards", "shard_size_used")
 _RESIDENCY_SAMPLE = 2000  # files checked with mincore to report the cache state
 
 
@@ -63,6 +64,7 @@ def run_training(
     results: dict[str, Any] = {"run_name": name, "params": params, "tags": tags, "metrics": {}}
     with tracker.run(name, params, tags, system_metrics=True):
         results["status"] = "FAILED"
+        results.update(_where_to_compare(tracker, sweep_id if multirun else None))
         try:
             _run(cfg, job, tracker, results)
             results["status"] = "FINISHED"
@@ -81,22 +83,24 @@ def run_training(
         if output_dir is not None:
             tracker.log_artifact(output_dir / "results.json")
             tracker.log_artifact(output_dir / ".hydra" / "config.yaml")
-    _say_where_to_compare(tracker, sweep_id if multirun else None)
+    if not multirun and "compare_url" in results:  # a sweep says it once, at its end
+        log.info("every run side by side: %s", results["compare_url"])
+        if results.get("ui_command"):
+            log.info("(start the UI first: %s)", results["ui_command"])
     return results["metrics"]
 
 
-def _say_where_to_compare(tracker: Tracker, sweep_id: str | None) -> None:
-    """The MLflow UI's URLs that show this run's numbers beside the others'."""
+def _where_to_compare(tracker: Tracker, sweep_id: str | None) -> dict[str, str]:
+    """The MLflow UI's URL that shows this run's numbers beside the others' (a sweep's own
+    view, or every run), and the command that starts the UI; nothing without tracking."""
     if tracker.url() is None:
-        return
+        return {}
     if sweep_id:
         key, search = f"sweep-{sweep_id}", f"tags.sweep_id = '{sweep_id}'"
-        log.info("this sweep's runs side by side: %s", tracker.share_view(key, key, search))
+        url = tracker.share_view(key, key, search)
     else:
-        log.info("every run side by side: %s", tracker.url())
-    command = ui_command(tracking_uri())
-    if command:
-        log.info("(start the UI first: %s)", command)
+        url = tracker.url()
+    return {"compare_url": url or "", "ui_command": ui_command(tracking_uri())}
 
 
 def _run(cfg: TrainConfig, job: Job, tracker: Tracker, results: dict[str, Any]) -> None:
@@ -111,6 +115,11 @@ def _run(cfg: TrainConfig, job: Job, tracker: Tracker, results: dict[str, Any]) 
     loader = loaders.get(cfg.loader.name)
     ctx = loaders.context(cfg, loader, data.listing, job.device, job.world)
     metrics.update(prepare_loader(cfg, loader, ctx, job.world))
+    if "shard_size_used" in metrics:  # beside shard_size, which it may be smaller than
+        tracker.log_params({"shard_size_used": int(metrics["shard_size_used"])})
+    data_set = data_label(cfg, ctx.data_root, len(ctx.records))
+    results["tags"]["data_set"] = data_set  # the runs view's column: which data, how much
+    tracker.set_tags({"data_set": data_set})
     trainer = trainer_for(cfg, job, labels)
     log.info(
         "data %s (%d samples, %d classes), loader=%s, model=%s%s, %s on %s, cache=%s",
@@ -134,6 +143,17 @@ def _run(cfg: TrainConfig, job: Job, tracker: Tracker, results: dict[str, Any]) 
         tracker.set_tags({"dominant_stage": label})
     if data.skipped:
         log.warning("on_bad_sample=skip: %d samples were left out (samples_skipped)", data.skipped)
+
+
+def data_label(cfg: TrainConfig, root: Path, n_samples: int) -> str:
+    """'synthetic 1,200', 'synthetic folder 10,000', 'folder mine 3,000': the data set a run
+    read, so that runs on different sets with the same name are told apart."""
+    name = cfg.data.name
+    if name == "folder":
+        name = f"folder {root.name}"
+    elif name == "synthetic" and cfg.data.layout != "faces":
+        name = f"synthetic {cfg.data.layout}"
+    return f"{name} {n_samples:,}"
 
 
 def prepare_loader(
@@ -266,14 +286,19 @@ def _log_epoch(step: int, metrics: dict[str, float]) -> None:
         extra = f", GPU busy {100 * metrics['gpu_busy_frac']:.0f}% of the epoch"
     if "gpu_util_mean" in metrics:
         extra += f" (NVML utilization {metrics['gpu_util_mean']:.0f}%)"
+    if "steady_images_per_s" in metrics:
+        steady = f"steady {metrics['steady_images_per_s']:,.1f}"
+    else:
+        after = int(metrics["batches"] - metrics["warmup_batches"])
+        steady = f"no steady rate: {after} batch(es) after the warm-up, {MIN_STEADY_BATCHES} needed"
     log.info(
-        "epoch %d: %d images in %.1f s = %.1f images/s (steady %.1f); first batch after %.2f s; "
+        "epoch %d: %d images in %.1f s = %.1f images/s (%s); first batch after %.2f s; "
         "waited for data %.0f%% of the time; CPU %.0f%%%s",
         step,
         metrics["samples_seen"],
         metrics["epoch_time_s"],
         metrics["images_per_s"],
-        metrics["steady_images_per_s"],
+        steady,
         metrics["time_to_first_batch_s"],
         100 * metrics["data_wait_frac"],
         metrics.get("cpu_util_mean", float("nan")),

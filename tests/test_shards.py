@@ -241,3 +241,38 @@ def test_raw_reads_the_shards_it_opened_even_if_they_are_rebuilt(
     seen = delivered([first, *batches])
     assert sorted(seen) == list(range(120))
     assert all(label == ctx.records[i].label for i, (_, label) in seen.items())
+
+
+@pytest.mark.parametrize(
+    ("n_samples", "shard_size", "readers", "built", "expected"),
+    [
+        (2400, 10_000, 1, None, 10_000),  # one reader: the configured size
+        (2400, 10_000, 5, None, 480),  # 1 shard for 5 workers: 5 of 480
+        (2400, 10_000, 10, 480, 240),  # the set built for 5 is too coarse for 10
+        (2400, 10_000, 5, 240, 240),  # the set built for 10 serves 5: reused
+        (2400, 200, 5, None, 200),  # 12 shards already
+        (2401, 10_000, 10, None, 240),  # 11 shards: every worker has one
+        (3, 10_000, 5, None, 1),  # fewer samples than workers: one each
+    ],
+)
+def test_shard_size_gives_every_worker_a_shard(n_samples, shard_size, readers, built, expected):
+    from facebench.shards.plan import shard_size_for
+
+    size = shard_size_for(n_samples, shard_size, readers, built)
+    assert size == expected
+    assert -(-n_samples // size) >= min(readers, n_samples)
+
+
+def test_a_run_builds_a_shard_for_each_worker_and_records_the_size(data_copy, tmp_path, caplog):
+    folder = tmp_path / "shards"
+    with caplog.at_level(logging.INFO):
+        manifest = ensure_shards(data_copy, folder, "pickle", shard_size=10_000, readers=4).manifest
+    assert [s.samples for s in manifest.shards] == [30, 30, 30, 30]  # 120 samples, 4 workers
+    assert manifest.settings["shard_size"] == 30
+    assert "shards of 30 instead" in caplog.text
+    # Fewer workers later: the finer set serves them as it is.
+    again = ensure_shards(data_copy, folder, "pickle", shard_size=10_000, readers=2)
+    assert not again.built and again.manifest.settings["shard_size"] == 30
+    # raw's batches are gathered from every shard by threads: its shard_size stays as asked.
+    raw = ensure_shards(data_copy, tmp_path / "raw", "raw", shard_size=10_000, readers=4).manifest
+    assert len(raw.shards) == 1

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from facebench.errors import ShardError
 from facebench.loaders.base import LoaderContext
+from facebench.shards import formats
 from facebench.shards.build import ensure_shards
 from facebench.shards.manifest import Manifest
 
@@ -18,6 +19,7 @@ log = logging.getLogger(__name__)
 
 def ensure_loader_shards(ctx: LoaderContext, shard_format: str) -> dict[str, float]:
     """Build the shards if missing or outdated (before the clock); say if workers will idle."""
+    readers = max(ctx.n_workers, 1) * ctx.world.world_size  # every rank's workers
     shard_set = ensure_shards(
         ctx.data_root,
         ctx.shards_dir,
@@ -30,6 +32,7 @@ def ensure_loader_shards(ctx: LoaderContext, shard_format: str) -> dict[str, flo
         listing=ctx.listing,
         layout=ctx.layout,
         resize=ctx.geometry.resize,
+        readers=readers,
     )
     if ctx.verify_shards:
         corrupted = shard_set.manifest.corrupted(ctx.shards_dir)
@@ -41,16 +44,20 @@ def ensure_loader_shards(ctx: LoaderContext, shard_format: str) -> dict[str, flo
             )
         log.info("verified %d shards against their manifest", len(shard_set.manifest.shards))
     n_shards = len(shard_set.manifest.shards)
-    readers = max(ctx.n_workers, 1) * ctx.world.world_size  # every rank's workers
-    if readers > n_shards and shard_format != "raw":
+    if readers > n_shards and formats.get(shard_format).per_worker:
+        # Only when there are fewer samples than workers (shard_size_for gives each one a shard).
         log.warning(
             "%d shards for %d workers (all ranks): %d will have no shard to read; "
-            "a smaller shard_size spreads the work",
+            "fewer workers would do the same work",
             n_shards,
             readers,
             readers - n_shards,
         )
-    return {"prepare_s": shard_set.seconds} if shard_set.built else {}
+    # The size built with, which may be below shard_size (shard_size_for): the run records it.
+    metrics = {"n_shards": float(n_shards)}
+    if formats.get(shard_format).per_worker:
+        metrics["shard_size_used"] = float(shard_set.manifest.settings["shard_size"])
+    return {**metrics, "prepare_s": shard_set.seconds} if shard_set.built else metrics
 
 
 def trusted_manifest(ctx: LoaderContext) -> Manifest:

@@ -22,9 +22,9 @@ from facebench.paths import cache_dir
 from facebench.shards import formats, owned, room
 from facebench.shards.freshness import resize_of, settings_for, up_to_date
 from facebench.shards.lock import building
-from facebench.shards.manifest import INDEX_SUFFIX, Manifest
+from facebench.shards.manifest import INDEX_SUFFIX, Manifest, OutdatedManifest
 from facebench.shards.owned import Plan
-from facebench.shards.plan import cut
+from facebench.shards.plan import cut, shard_size_for
 from facebench.shards.write import start_or_resume, write_missing, write_whole_set
 
 log = logging.getLogger(__name__)
@@ -51,19 +51,43 @@ def ensure_shards(
     listing: Listing | None = None,
     layout: Layout = FACES,
     resize: int = ARTICLE.resize,
+    readers: int = 1,
 ) -> ShardSet:
     """The shard set for the data at root, built into folder unless an up-to-date one is there.
 
     `listing`: the data as a run already listed and checked it (else listed here, as `layout`
-    says)."""
+    says). `readers`: the workers (all ranks) that will read the set; formats whose workers read
+    whole shards get at least that many (shards/plan.shard_size_for)."""
     with building(folder):
         started = time.perf_counter()  # listing here, when it is done here, counts as prepare_s
         cache = cache or cache_dir()
         listing = listing or list_usable(root, on_bad_sample, cache, n_procs, layout)
+        if formats.get(shard_format).per_worker:
+            shard_size = _sized_for(folder, len(listing.usable.records), shard_size, readers)
         settings = settings_for(
             shard_format, seed, shard_size, sorted(listing.usable.excluded), resize
         )
         return _ensure(folder, shard_format, settings, n_procs, cache, listing, started)
+
+
+def _sized_for(folder: Path, n_samples: int, shard_size: int, readers: int) -> int:
+    try:
+        existing = Manifest.read(folder)
+    except OutdatedManifest:
+        existing = None
+    built = int(existing.settings["shard_size"]) if existing is not None else None
+    size = shard_size_for(n_samples, shard_size, readers, built)
+    if size != shard_size:
+        log.info(
+            "shard_size=%d would give %d shard(s) of %d samples to %d workers; shards of %d "
+            "instead, so that each worker reads its own",
+            shard_size,
+            -(-n_samples // shard_size),
+            n_samples,
+            readers,
+            size,
+        )
+    return size
 
 
 def _ensure(

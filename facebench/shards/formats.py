@@ -38,6 +38,9 @@ class ShardFormat:
     # Whole set: whether a file of this name may be one of the library's own.
     writes: Callable[[str], bool] | None = None
     requires: Requirement | None = None
+    # Whether a loader's workers each read whole shards of their own (so that each needs one):
+    # shard_size is then cut down to give every worker a shard (shards/plan.py).
+    per_worker: bool = False
 
     @property
     def whole_set(self) -> bool:

@@ -42,5 +42,10 @@ def decode(data: bytes) -> list[tuple[Image.Image, int, int]]:
 
 # Decoded images before the transform: transform.resize does not change them.
 FORMAT = ShardFormat(
-    name="pickle", suffix=".pickle", resized=False, estimate_bytes=estimate_bytes, encode=encode
+    name="pickle",
+    suffix=".pickle",
+    resized=False,
+    estimate_bytes=estimate_bytes,
+    encode=encode,
+    per_worker=True,
 )

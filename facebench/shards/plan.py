@@ -33,6 +33,24 @@ class Cut:
         return room.set_bytes(shard_bytes, len(records), room.block_size(folder))
 
 
+def shard_size_for(n_samples: int, shard_size: int, readers: int, built: int | None = None) -> int:
+    """The shard size to build with: shard_size, unless that gives fewer shards than `readers`
+    (every rank's workers, each reading whole shards of its own); then `built` (the size of the
+    set already in the folder) if it gives each a shard, else the largest size that does.
+
+    Reusing a smaller built size means that a sweep over worker counts rebuilds its shards only
+    when the count grows past what they serve."""
+
+    def enough(size: int) -> bool:
+        return -(-n_samples // size) >= readers
+
+    if readers <= 1 or enough(shard_size):
+        return shard_size
+    if built is not None and built <= shard_size and enough(built):
+        return built
+    return max(1, n_samples // readers)  # fewer samples than readers: one each, some idle
+
+
 def cut(n_samples: int, seed: int, shard_size: int, shard_format: ShardFormat) -> Cut:
     order = np.random.default_rng(seed).permutation(n_samples)
     chunks = [order[start : start + shard_size] for start in range(0, n_samples, shard_size)]

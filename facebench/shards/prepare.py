@@ -42,6 +42,7 @@ def run_prepare(
             cache=cache_dir(cfg.data.cache_dir),
             layout=data_layout(cfg.data),
             resize=cfg.transform.resize,
+            readers=n_procs,  # sized for as many loader workers as it has processes
         )
     except BaseException as error:
         stop = interruption(error)

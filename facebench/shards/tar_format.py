@@ -51,5 +51,10 @@ def encode(samples: list[tuple[int, Record]], resize: int) -> bytes:
 
 # The original files: transform.resize does not change them.
 FORMAT = ShardFormat(
-    name="tar", suffix=".tar", resized=False, estimate_bytes=estimate_bytes, encode=encode
+    name="tar",
+    suffix=".tar",
+    resized=False,
+    estimate_bytes=estimate_bytes,
+    encode=encode,
+    per_worker=True,
 )

@@ -1,0 +1,81 @@
+"""The end of a sweep (`train.py -m`): one table of its runs and one URL, after the last job.
+
+A Hydra callback: each job wrote its results.json into the sweep's folder (<sweep dir>/<job>/);
+this reads them back in job order, so the table holds failed and stopped jobs too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+log = logging.getLogger("facebench")
+
+HEADER = ("run", "data", "loader", "workers", "images/s", "data wait", "status")
+
+
+def _job_number(path: Path) -> tuple[int, str]:
+    folder = path.parent.name
+    return (int(folder), folder) if folder.isdigit() else (1 << 30, folder)
+
+
+def sweep_results(folder: Path) -> list[dict[str, Any]]:
+    """Every job's results.json in a sweep folder, in job order (unreadable ones left out)."""
+    found = []
+    for path in sorted(folder.glob("*/results.json"), key=_job_number):
+        try:
+            found.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError) as error:
+            log.warning("%s: not read (%s)", path, error)
+    return found
+
+
+def _row(results: dict[str, Any]) -> list[str]:
+    params, metrics = results.get("params", {}), results.get("metrics", {})
+    rate, wait = metrics.get("images_per_s"), metrics.get("data_wait_frac")
+    return [
+        str(results.get("run_name", "?")),
+        str(results.get("tags", {}).get("data_set", params.get("data", "?"))),
+        str(params.get("loader", "?")),
+        str(params.get("n_workers", "?")),
+        f"{rate:,.1f}" if rate is not None else "-",
+        f"{100 * wait:.0f}%" if wait is not None else "-",
+        str(results.get("status", "?")),
+    ]
+
+
+def summary_table(runs: list[dict[str, Any]]) -> str:
+    """The runs as an aligned plain-text table, one line each."""
+    rows = [list(HEADER), *(_row(results) for results in runs)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
+    numeric = {4, 5}  # right-aligned
+    lines = [
+        "  ".join(
+            cell.rjust(width) if i in numeric else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in rows
+    ]
+    return "\n".join(lines)
+
+
+class SweepSummary(Callback):
+    """Logs the sweep's table and where to compare its runs, once, when the sweep ends."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        runs = sweep_results(Path(config.hydra.sweep.dir))
+        if not runs:
+            return
+        log.info("the sweep's %d runs:\n%s", len(runs), summary_table(runs))
+        url = next((r["compare_url"] for r in reversed(runs) if r.get("compare_url")), None)
+        if url:
+            log.info("side by side in MLflow: %s", url)
+            command = next((r["ui_command"] for r in runs if r.get("ui_command")), "")
+            if command:
+                log.info("(start the UI first: %s)", command)
+        log.info("each run's output: %s/<job>/", config.hydra.sweep.dir)
