@@ -160,15 +160,44 @@ def ceiling_of(table: Table) -> float | None:
     return max(ceilings) if ceilings else None
 
 
-def title(settings: Settings) -> str:
-    return ", ".join(f"{name}={value}" for name, value in settings if value != "")
+def _applies(name: str, value: str, given: dict[str, str], shard_loaders: bool) -> bool:
+    """Whether a setting says anything about these runs (amp without a model does not)."""
+    if value in ("", "None"):
+        return False
+    if name == "amp_resolved":
+        return given.get("model") != "none"
+    if name == "data.n_images":
+        return given.get("data") == "synthetic"
+    if name == "max_batches":
+        return value != "0"
+    if name == "shard_size":
+        return shard_loaders
+    return True
+
+
+def title(settings: Settings, loaders: list[str] | None = None) -> str:
+    """The settings a table's runs share, those that apply to them only."""
+    given = dict(settings)
+    shard_loaders = any(_reads_shards(column) for column in loaders or [])
+    return ", ".join(
+        f"{name}={value}"
+        for name, value in settings
+        if _applies(name, value, given, shard_loaders or loaders is None)
+    )
+
+
+def _reads_shards(column: str) -> bool:
+    from facebench import loaders
+
+    name = column.split(" (")[0]
+    return name in loaders.names() and loaders.get(name).shard_format is not None
 
 
 def render(settings: Settings, table: Table) -> str:
     """One settings group as a Markdown table: rows n_workers, columns loaders."""
     loaders = ordered({loader for row in table.values() for loader in row if loader != CEILING})
     ceiling = ceiling_of(table)
-    lines = [f"### {title(settings)}", ""]
+    lines = [f"### {title(settings, loaders)}", ""]
     header = ["n workers", *loaders]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for workers in sorted(table):
@@ -271,12 +300,13 @@ def report(
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text(text, encoding="utf-8")
     chart(grouped, out / "report.png", with_article)
+    log.info("wrote %s and %s", out / "report.md", out / "report.png")
     if log_artifacts:
         tracker = Tracker(experiment=REPORTS_EXPERIMENT)
         with tracker.run(f"report-{sweep}", {"sweep_id": sweep}, {KIND_TAG: "report"}):
             tracker.log_artifact(out / "report.md")
             tracker.log_artifact(out / "report.png")
-        log.warning("report run logged in experiment %r", REPORTS_EXPERIMENT)
+        log.info("report run logged in experiment %r", REPORTS_EXPERIMENT)
     return text
 
 
@@ -302,6 +332,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-log", action="store_true", help="do not log a report run to MLflow")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    log.setLevel(logging.INFO)  # its own lines (what it wrote), not the libraries' chatter
     try:
         text = report(args.sweep, args.with_article, args.out, log_artifacts=not args.no_log)
     except FacebenchError as error:

@@ -61,12 +61,14 @@ def _panel(axis, table: Table, heading: str) -> None:
     labels = [f"{loader}, {workers} workers" for loader, workers, _ in rows]
     axis.set_yticks(positions, labels, fontsize=8)
     ceiling = ceiling_of(table)
+    label = "images/s (whole epoch, start-up included)"
     if ceiling:
+        # Named in the axis label, not beside the line, where it would cover bars and labels.
         axis.axvline(ceiling, color="black", linestyle="--", linewidth=1)
-        axis.text(ceiling, len(values) - 0.7, f" compute ceiling\n {ceiling:,.0f}", fontsize=8)
-    axis.set_xlim(0, 1.18 * max([*values, ceiling or 0]))
-    axis.set_xlabel("images/s (whole epoch, start-up included)")
-    axis.set_title("\n".join(textwrap.wrap(heading, 70)), fontsize=9, loc="left")
+        label += f"; dashed line: the compute ceiling, {ceiling:,.0f}"
+    axis.set_xlabel(label, fontsize=8)
+    axis.xaxis.set_major_formatter("{x:,.0f}")
+    axis.set_title("\n".join(textwrap.wrap(heading, 90)), fontsize=9, loc="left")
 
 
 def _stage_panel(axis, table: Table) -> None:
@@ -97,7 +99,10 @@ def chart(grouped: dict[Settings, Table], path: Path, with_article: bool) -> Non
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(title(settings), table) for settings, table in grouped.items()]
+    panels = [
+        (title(settings, [column for row in table.values() for column in row]), table)
+        for settings, table in grouped.items()
+    ]
     if with_article:
         heading = "The article: 922,599 images, batch 600, RTX 2080 Ti (its seconds, as img/s)"
         panels.append((heading, article_table()))
@@ -111,8 +116,14 @@ def chart(grouped: dict[Settings, Table], path: Path, with_article: bool) -> Non
         height_ratios=heights,
         width_ratios=[3, 2],
     )
+    # One linear scale for every rates panel (the article's too): bars compare across panels.
+    top = max(
+        max([cell.images_per_s for _, _, cell in _rows(table)] + [ceiling_of(table) or 0])
+        for _, table in panels
+    )
     for (rates, stages), (heading, table) in zip(axes, panels, strict=True):
         _panel(rates, table, heading)
+        rates.set_xlim(0, 1.15 * top)
         if any(cell.stages for _, _, cell in _rows(table)):
             _stage_panel(stages, table)
         else:
