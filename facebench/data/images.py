@@ -64,9 +64,14 @@ def check_size(width: int, height: int, path: str) -> None:
 
 
 def as_sample(image: Image.Image, source: str) -> Image.Image:
-    """An opened image as the article used it: RGB (from grey, palette or RGBA), CelebA cropped."""
-    rgb = image.convert("RGB")
-    return rgb.crop(CELEBA_BOX) if source == CELEBA else rgb
+    """An opened image as the article used it: RGB (from grey, palette or RGBA), CelebA cropped.
+
+    An RGB CelebA JPEG is cropped as it is, as the article's code does: converting it first
+    would copy the whole image for nothing (the crop is a new image either way)."""
+    if source == CELEBA:
+        rgb = image if image.mode == "RGB" else image.convert("RGB")
+        return rgb.crop(CELEBA_BOX)
+    return image.convert("RGB")  # a new image, which outlives the file it was read from
 
 
 class BadImage(DataError):
