@@ -126,6 +126,14 @@ def stage_cells(metrics: dict[str, float]) -> list[str]:
     return cells
 
 
+def steady_cell(
+    metrics: dict[str, float], key: str = "steady_images_per_s", digits: int = 0
+) -> str:
+    """A steady rate's cell; "-" where the run had too few batches after its warm-up for one."""
+    value = metrics.get(key)
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
 def table(header: list[str], rows: Iterable[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]

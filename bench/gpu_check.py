@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import machine, stamp, table, write_section
+from common import machine, stamp, steady_cell, table, write_section
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # Each mode's name and the (model, host_only) its jobs ran with.
@@ -118,7 +118,7 @@ def row(mode: str, loader: str, job: dict | None) -> list[str]:
         mode,
         loader,
         f"{m['images_per_s']:,.0f}",
-        f"{m['steady_images_per_s']:,.0f}",
+        steady_cell(m),
         number("gpu_busy_frac"),
         number("gpu_util_mean", 0),
         number("data_wait_frac"),

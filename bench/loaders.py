@@ -25,6 +25,7 @@ from common import (
     run_train,
     stage_cells,
     stamp,
+    steady_cell,
     table,
     write_section,
 )
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
                         "yes" if host_only == "true" else "no",
                         cache,
                         f"{rate:,.0f}",
-                        f"{m['steady_images_per_s_median']:,.0f}",
+                        steady_cell(m, "steady_images_per_s_median"),
                         "",  # vs dataset: filled in once every loader has run
                         f"{m['time_to_first_batch_s_median']:.2f}",
                         f"{m['data_wait_frac_median']:.2f}",
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
             base = baseline.get((cache, host_only, workers))
             row[6] = f"{rate / base:.2f}x" if base else ""
         ceilings = [
-            [model, f"{m['images_per_s']:,.1f}", f"{m['steady_images_per_s']:,.1f}"]
+            [model, f"{m['images_per_s']:,.1f}", steady_cell(m, digits=1)]
             for model in args.ceiling_models
             for m in [
                 run_train(

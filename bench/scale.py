@@ -22,7 +22,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import command_line, load_note, machine, run_train, stamp, table, write_section
+from common import (
+    command_line,
+    load_note,
+    machine,
+    run_train,
+    stamp,
+    steady_cell,
+    table,
+    write_section,
+)
 
 from facebench import loaders
 from facebench.data.synthetic import synthetic_root
@@ -114,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
                             "yes" if host_only == "true" else "no",
                             f"{m['listing_s']:.2f}",
                             f"{m['time_to_first_batch_s']:.2f}",
-                            f"{m['steady_images_per_s']:,.0f}",
+                            steady_cell(m),
                             f"{m['peak_mem_added_mb']:,.0f}",
                             f"{m['samples_seen']:,.0f}",
                         ]

@@ -1,6 +1,6 @@
 """Generate a synthetic set (once) and print where it is, without recording a benchmark run.
 
-    python -m facebench.generate                            # the default: 1,200 faces
+    python -m facebench.generate                            # the default: 6,000 faces
     python -m facebench.generate --layout folder --n-images 10000
     python train.py data=folder data.root=$(python -m facebench.generate --layout folder)
 
@@ -20,7 +20,7 @@ from facebench.data.synthetic import ensure_synthetic
 from facebench.errors import FacebenchError
 from facebench.paths import cache_dir
 
-DEFAULT_IMAGES = 1200  # conf/data/synthetic.yaml's data.n_images
+DEFAULT_IMAGES = 6000  # conf/data/synthetic.yaml's data.n_images
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -33,7 +33,7 @@ METRIC_COLUMNS = (
     "gpu_util_mean",
 )
 PARAM_COLUMNS = ("loader", "n_workers", "host_only")
-# Which data set and how many samples ("synthetic 1,200"); where the workers' time goes, as
+# Which data set and how many samples ("synthetic 6,000"); where the workers' time goes, as
 # "decode 53%" (facebench/stages.py).
 TAG_COLUMNS = ("data_set", "dominant_stage")
 _RUN_NAME = "attributes.`Run Name`"

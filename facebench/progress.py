@@ -18,7 +18,7 @@ LOG_EVERY_S = 30.0  # between two progress lines when stderr is not a terminal
 
 def _duration(seconds: float) -> str:
     """'45 s', '12 min', '3.2 h': how long, to the precision a progress line needs."""
-    if seconds < 90:
+    if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 5400:
         return f"{seconds / 60:.0f} min"
@@ -76,6 +76,12 @@ class ProgressLog:
         self.log.info("%s", text)
 
 
+def on_terminal() -> bool:
+    """Whether a person watches the output: a bar then. Hydra's log lines go to stdout and the
+    bar to stderr; if either is sent elsewhere (a file, a pipe), the work is logged instead."""
+    return sys.stderr.isatty() and sys.stdout.isatty()
+
+
 def progress(
     items: Iterable[T],
     total: int,
@@ -84,7 +90,7 @@ def progress(
     log: logging.Logger | None = None,
 ) -> Iterator[T]:
     """Yield items, showing progress: tqdm on a terminal, otherwise a ProgressLog."""
-    if sys.stderr.isatty():
+    if on_terminal():
         yield from tqdm(items, total=total, desc=description, unit=unit, dynamic_ncols=True)
         return
     lines = ProgressLog(total, description, unit, log)
@@ -98,7 +104,7 @@ def epoch_progress(
     total_images: int | None, description: str, log: logging.Logger | None = None
 ) -> tqdm | ProgressLog:
     """A live images/s bar for the epoch on a terminal; a ProgressLog elsewhere."""
-    if not sys.stderr.isatty():
+    if not on_terminal():
         return ProgressLog(total_images, description, "images", log)
     return tqdm(
         total=total_images,

@@ -146,7 +146,7 @@ def _run(cfg: TrainConfig, job: Job, tracker: Tracker, results: dict[str, Any]) 
 
 
 def data_label(cfg: TrainConfig, root: Path, n_samples: int) -> str:
-    """'synthetic 1,200', 'synthetic folder 10,000', 'folder mine 3,000': the data set a run
+    """'synthetic 6,000', 'synthetic folder 10,000', 'folder mine 3,000': the data set a run
     read, so that runs on different sets with the same name are told apart."""
     name = cfg.data.name
     if name == "folder":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -91,6 +92,16 @@ def test_multirun_records_one_run_per_job(tmp_path, cache, isolated_env):
     ]
     assert all(r.data.metrics["samples_seen"] == 112 for r in recorded)  # 7 batches of 16
     assert len({r.data.tags["sweep_id"] for r in recorded}) == 1
+    assert {r.data.tags["data_set"] for r in recorded} == {"synthetic 120"}
+    # The sweep ends with one table of its runs and one URL, not a URL after every job.
+    output = result.stdout + result.stderr
+    assert output.count("viewStateShareKey=sweep-") == 1
+    table = output.split("the sweep's 2 runs:")[1]
+    for workers in (0, 1):
+        name = f"dataset-w{workers}-bs16-loader-only"
+        row = rf"{name} +synthetic 120 +dataset +{workers} +[\d,.]+ +\d+% +FINISHED"
+        assert re.search(row, table), table
+    assert table.index("side by side in MLflow") > table.index("dataset-w1-bs16-loader-only")
 
 
 @pytest.mark.slow

@@ -244,35 +244,54 @@ def test_raw_reads_the_shards_it_opened_even_if_they_are_rebuilt(
 
 
 @pytest.mark.parametrize(
-    ("n_samples", "shard_size", "readers", "built", "expected"),
+    ("n_samples", "shard_size", "readers", "built", "batch", "expected"),
     [
-        (2400, 10_000, 1, None, 10_000),  # one reader: the configured size
-        (2400, 10_000, 5, None, 480),  # 1 shard for 5 workers: 5 of 480
-        (2400, 10_000, 10, 480, 240),  # the set built for 5 is too coarse for 10
-        (2400, 10_000, 5, 240, 240),  # the set built for 10 serves 5: reused
-        (2400, 200, 5, None, 200),  # 12 shards already
-        (2401, 10_000, 10, None, 240),  # 11 shards: every worker has one
-        (3, 10_000, 5, None, 1),  # fewer samples than workers: one each
+        (6000, 10_000, 1, None, 600, 10_000),  # one reader: the configured size
+        (6000, 10_000, 5, None, 600, 1200),  # 1 shard for 5 workers: 5 of 1,200
+        (6000, 10_000, 10, 1200, 600, 600),  # the set built for 5 is too coarse for 10
+        (6000, 10_000, 5, 600, 600, 600),  # the set built for 10 serves 5: reused
+        (6000, 500, 5, None, 600, 500),  # 12 shards already
+        (6500, 10_000, 10, None, 600, 600),  # whole batches: 11 shards, the last of 500
+        (2400, 10_000, 10, None, 1, 240),  # batch 1: an even cut
+        (20_000, 10_000, 2, None, 600, 10_000),  # the article's shard_size serves 2 workers
     ],
 )
-def test_shard_size_gives_every_worker_a_shard(n_samples, shard_size, readers, built, expected):
-    from facebench.shards.plan import shard_size_for
+def test_shard_size_gives_every_worker_a_shard(
+    n_samples, shard_size, readers, built, batch, expected
+):
+    from facebench.shards.plan import shard_size_for, workers_without_a_batch
 
-    size = shard_size_for(n_samples, shard_size, readers, built)
+    assert workers_without_a_batch(n_samples, batch, readers) == 0
+    size = shard_size_for(n_samples, shard_size, readers, built, batch)
     assert size == expected
-    assert -(-n_samples // size) >= min(readers, n_samples)
+    assert -(-n_samples // size) >= readers
+
+
+def test_a_run_whose_data_cannot_give_every_worker_a_batch_is_refused(data_copy, tmp_path):
+    from facebench.errors import ConfigError
+
+    folder = tmp_path / "shards"
+    with pytest.raises(ConfigError) as refused:
+        ensure_shards(data_copy, folder, "tar", readers=5, batch_size=40)  # 120 samples: 3 batches
+    message = str(refused.value)
+    assert "120 samples make 3 batch(es) of 40, too few for 5 workers" in message
+    assert "2 would have nothing to do" in message
+    assert "n_workers=3" in message and "batch_size=24" in message
+    assert not folder.exists() or not any(folder.iterdir())  # nothing was built
 
 
 def test_a_run_builds_a_shard_for_each_worker_and_records_the_size(data_copy, tmp_path, caplog):
     folder = tmp_path / "shards"
     with caplog.at_level(logging.INFO):
-        manifest = ensure_shards(data_copy, folder, "pickle", shard_size=10_000, readers=4).manifest
-    assert [s.samples for s in manifest.shards] == [30, 30, 30, 30]  # 120 samples, 4 workers
-    assert manifest.settings["shard_size"] == 30
-    assert "shards of 30 instead" in caplog.text
+        built = ensure_shards(data_copy, folder, "pickle", readers=4, batch_size=8)
+    manifest = built.manifest
+    # 120 samples, 4 workers, batch 8: 30 each, in whole batches of 8: 24 (the last shard 24).
+    assert [s.samples for s in manifest.shards] == [24, 24, 24, 24, 24]
+    assert manifest.settings["shard_size"] == 24
+    assert "shards of 24 instead" in caplog.text
     # Fewer workers later: the finer set serves them as it is.
-    again = ensure_shards(data_copy, folder, "pickle", shard_size=10_000, readers=2)
-    assert not again.built and again.manifest.settings["shard_size"] == 30
+    again = ensure_shards(data_copy, folder, "pickle", readers=2, batch_size=8)
+    assert not again.built and again.manifest.settings["shard_size"] == 24
     # raw's batches are gathered from every shard by threads: its shard_size stays as asked.
     raw = ensure_shards(data_copy, tmp_path / "raw", "raw", shard_size=10_000, readers=4).manifest
     assert len(raw.shards) == 1

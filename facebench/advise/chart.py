@@ -47,4 +47,6 @@ def chart(advice: Advice, path: Path) -> None:
 def _pace(rate: float, ceiling: float) -> str:
     """'3.2x the model's pace', '40% of the model's pace'."""
     ratio = rate / ceiling if ceiling > 0 else float("inf")
-    return f"{ratio:,.1f}x the model's pace" if ratio >= 1 else f"{100 * ratio:.0f}% of the model's pace"
+    if ratio >= 1:
+        return f"{ratio:,.1f}x the model's pace"
+    return f"{100 * ratio:.0f}% of the model's pace"

@@ -18,7 +18,8 @@ log = logging.getLogger(__name__)
 
 
 def ensure_loader_shards(ctx: LoaderContext, shard_format: str) -> dict[str, float]:
-    """Build the shards if missing or outdated (before the clock); say if workers will idle."""
+    """Build the shards if missing or outdated (before the clock), cut so that each worker reads
+    shards of its own (refused where the data cannot give each worker a batch)."""
     readers = max(ctx.n_workers, 1) * ctx.world.world_size  # every rank's workers
     shard_set = ensure_shards(
         ctx.data_root,
@@ -33,6 +34,7 @@ def ensure_loader_shards(ctx: LoaderContext, shard_format: str) -> dict[str, flo
         layout=ctx.layout,
         resize=ctx.geometry.resize,
         readers=readers,
+        batch_size=ctx.batch_size,
     )
     if ctx.verify_shards:
         corrupted = shard_set.manifest.corrupted(ctx.shards_dir)
@@ -44,15 +46,6 @@ def ensure_loader_shards(ctx: LoaderContext, shard_format: str) -> dict[str, flo
             )
         log.info("verified %d shards against their manifest", len(shard_set.manifest.shards))
     n_shards = len(shard_set.manifest.shards)
-    if readers > n_shards and formats.get(shard_format).per_worker:
-        # Only when there are fewer samples than workers (shard_size_for gives each one a shard).
-        log.warning(
-            "%d shards for %d workers (all ranks): %d will have no shard to read; "
-            "fewer workers would do the same work",
-            n_shards,
-            readers,
-            readers - n_shards,
-        )
     # The size built with, which may be below shard_size (shard_size_for): the run records it.
     metrics = {"n_shards": float(n_shards)}
     if formats.get(shard_format).per_worker:

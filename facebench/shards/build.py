@@ -18,13 +18,14 @@ from typing import Any
 from facebench.data.check import Listing, list_usable, source_fingerprint
 from facebench.data.sources import FACES, Layout
 from facebench.data.transforms import ARTICLE
+from facebench.errors import ConfigError
 from facebench.paths import cache_dir
 from facebench.shards import formats, owned, room
 from facebench.shards.freshness import resize_of, settings_for, up_to_date
 from facebench.shards.lock import building
 from facebench.shards.manifest import INDEX_SUFFIX, Manifest, OutdatedManifest
 from facebench.shards.owned import Plan
-from facebench.shards.plan import cut, shard_size_for
+from facebench.shards.plan import cut, shard_size_for, workers_without_a_batch
 from facebench.shards.write import start_or_resume, write_missing, write_whole_set
 
 log = logging.getLogger(__name__)
@@ -52,31 +53,48 @@ def ensure_shards(
     layout: Layout = FACES,
     resize: int = ARTICLE.resize,
     readers: int = 1,
+    batch_size: int = 1,
 ) -> ShardSet:
     """The shard set for the data at root, built into folder unless an up-to-date one is there.
 
     `listing`: the data as a run already listed and checked it (else listed here, as `layout`
     says). `readers`: the workers (all ranks) that will read the set; formats whose workers read
-    whole shards get at least that many (shards/plan.shard_size_for)."""
+    whole shards get at least that many (shards/plan.shard_size_for), and each of those
+    workers a whole batch of `batch_size`, or the build is refused with what to change."""
     with building(folder):
         started = time.perf_counter()  # listing here, when it is done here, counts as prepare_s
         cache = cache or cache_dir()
         listing = listing or list_usable(root, on_bad_sample, cache, n_procs, layout)
         if formats.get(shard_format).per_worker:
-            shard_size = _sized_for(folder, len(listing.usable.records), shard_size, readers)
+            n_samples = len(listing.usable.records)
+            shard_size = _sized_for(
+                folder, n_samples, shard_size, readers, batch_size, shard_format
+            )
         settings = settings_for(
             shard_format, seed, shard_size, sorted(listing.usable.excluded), resize
         )
         return _ensure(folder, shard_format, settings, n_procs, cache, listing, started)
 
 
-def _sized_for(folder: Path, n_samples: int, shard_size: int, readers: int) -> int:
+def _sized_for(
+    folder: Path, n_samples: int, shard_size: int, readers: int, batch_size: int, format_name: str
+) -> int:
+    idle = workers_without_a_batch(n_samples, batch_size, readers)
+    if idle:
+        most = max(1, n_samples // batch_size)
+        raise ConfigError(
+            f"{n_samples:,} samples make {n_samples // batch_size} batch(es) of {batch_size}, "
+            f"too few for {readers} workers (all ranks) that each batch the {format_name} shards "
+            f"they read: {idle} would have nothing to do. Use n_workers={most}, or "
+            f"batch_size={max(1, n_samples // readers)}, or more data (with data=synthetic, "
+            f"data.n_images={readers * batch_size})"
+        )
     try:
         existing = Manifest.read(folder)
     except OutdatedManifest:
         existing = None
     built = int(existing.settings["shard_size"]) if existing is not None else None
-    size = shard_size_for(n_samples, shard_size, readers, built)
+    size = shard_size_for(n_samples, shard_size, readers, built, batch_size)
     if size != shard_size:
         log.info(
             "shard_size=%d would give %d shard(s) of %d samples to %d workers; shards of %d "

@@ -33,13 +33,18 @@ class Cut:
         return room.set_bytes(shard_bytes, len(records), room.block_size(folder))
 
 
-def shard_size_for(n_samples: int, shard_size: int, readers: int, built: int | None = None) -> int:
+def shard_size_for(
+    n_samples: int, shard_size: int, readers: int, built: int | None = None, batch_size: int = 1
+) -> int:
     """The shard size to build with: shard_size, unless that gives fewer shards than `readers`
-    (every rank's workers, each reading whole shards of its own); then `built` (the size of the
-    set already in the folder) if it gives each a shard, else the largest size that does.
+    (every rank's workers, each reading whole shards of its own and batching them itself); then
+    `built` (the size of the set already in the folder) if it gives each a shard, else the
+    largest whole number of batches per shard that does (so that no worker drops a part-batch
+    it could have filled).
 
     Reusing a smaller built size means that a sweep over worker counts rebuilds its shards only
-    when the count grows past what they serve."""
+    when the count grows past what they serve. The caller checks first that there are at least
+    as many batches as readers (workers_without_a_batch)."""
 
     def enough(size: int) -> bool:
         return -(-n_samples // size) >= readers
@@ -48,7 +53,14 @@ def shard_size_for(n_samples: int, shard_size: int, readers: int, built: int | N
         return shard_size
     if built is not None and built <= shard_size and enough(built):
         return built
-    return max(1, n_samples // readers)  # fewer samples than readers: one each, some idle
+    share = n_samples // readers
+    return max(1, share // batch_size * batch_size if share >= batch_size else share)
+
+
+def workers_without_a_batch(n_samples: int, batch_size: int, readers: int) -> int:
+    """How many of `readers` workers, each batching only what it reads, cannot fill one batch
+    however the samples are cut into shards."""
+    return max(0, readers - n_samples // max(1, batch_size))
 
 
 def cut(n_samples: int, seed: int, shard_size: int, shard_format: ShardFormat) -> Cut:
