@@ -277,7 +277,8 @@ def test_a_run_whose_data_cannot_give_every_worker_a_batch_is_refused(data_copy,
     assert "120 samples make 3 batch(es) of 40, too few for 5 workers" in message
     assert "2 would have nothing to do" in message
     assert "n_workers=3" in message and "batch_size=24" in message
-    assert not folder.exists() or not any(folder.iterdir())  # nothing was built
+    # Refused before anything was written (the build's lock file aside).
+    assert not list(folder.glob("shard-*")) and not (folder / MANIFEST).exists()
 
 
 def test_a_run_builds_a_shard_for_each_worker_and_records_the_size(data_copy, tmp_path, caplog):
