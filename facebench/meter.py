@@ -18,7 +18,9 @@ import torch
 from facebench.device import synchronize
 
 # Batches excluded from the steady-state rate, with the wait for the first batch after them: worker
-# start-up, first-touch allocations, cuDNN autotuning. A tenth of the epoch, 1 to 20 batches.
+# start-up, first-touch allocations, cuDNN autotuning. A tenth of the epoch, 1 to 20 batches, and
+# at least one per worker: workers start together, so their first batches all carry start-up and
+# arrive close together (ten workers' ten first batches would make a "steady" rate of 90,000/s).
 WARMUP_FRACTION = 0.1
 WARMUP_MAX_BATCHES = 20
 # Batches after the warm-up that a steady rate needs: with fewer, one batch's timing would be the
@@ -75,6 +77,7 @@ class EpochMeter:
     device: torch.device
     # Seconds, monotonic; a test passes a fake one to set every duration exactly.
     clock: Callable[[], float] = time.perf_counter
+    workers: int = 0  # the loader's workers: their first batches are all warm-up
     _start: float = 0.0
     _arrivals: list[float] = field(default_factory=list)  # when each batch was in hand
     _sizes: list[int] = field(default_factory=list)
@@ -114,7 +117,8 @@ class EpochMeter:
         synchronize(self.device)
         end = self._end = self.clock()
         n = len(self._sizes)
-        warmup = min(WARMUP_MAX_BATCHES, max(1, int(n * WARMUP_FRACTION))) if n > 1 else 0
+        warmup = max(min(WARMUP_MAX_BATCHES, max(1, int(n * WARMUP_FRACTION))), self.workers)
+        warmup = min(warmup, n - 1) if n > 1 else 0  # at least one batch after it
         if n >= 2:
             # Whole cycles (a step, then the wait for the next batch) between the arrival of the
             # last warm-up batch and the last arrival: batches warmup .. n-1 came in that time.

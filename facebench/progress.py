@@ -51,6 +51,7 @@ class ProgressLog:
         self.next_at = self.started + self.every_s
         self.done = 0
         self.lines = 0
+        self.logged = 0  # work done at the last line
 
     def update(self, n: int = 1) -> None:
         self.done += n
@@ -60,11 +61,12 @@ class ProgressLog:
             self.next_at = now + self.every_s
 
     def close(self) -> None:
-        if self.lines:
+        if self.lines and self.done != self.logged:  # the end, unless the last line said it
             self._line(self.clock())
 
     def _line(self, now: float) -> None:
         self.lines += 1
+        self.logged = self.done
         elapsed = max(now - self.started, 1e-9)
         rate = self.done / elapsed
         text = f"{self.description}: {self.done:,} {self.unit}"

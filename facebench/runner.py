@@ -213,6 +213,7 @@ def measure(
         loader_name=cfg.loader.name,
         host_only=cfg.host_only,
         stage_times=cfg.stage_times,
+        n_workers=cfg.n_workers,
     )
     per_epoch: list[dict[str, float]] = []
     n_measured = cfg.repeat * cfg.epochs

@@ -54,10 +54,10 @@ class FakeClock:
         return self.now
 
 
-def _timed(waits: list[float], step_s: float, batch_size: int = 16) -> EpochTimes:
+def _timed(waits: list[float], step_s: float, batch_size: int = 16, workers: int = 0) -> EpochTimes:
     """An epoch whose loader takes waits[i] for batch i and whose step takes step_s."""
     clock = FakeClock()
-    meter = EpochMeter(torch.device("cpu"), clock=clock)
+    meter = EpochMeter(torch.device("cpu"), clock=clock, workers=workers)
     meter.start()
     asked_at = meter.started_at
     for wait in waits:
@@ -87,6 +87,18 @@ def test_steady_rate_leaves_out_the_warmup():
     assert times.steady_images_per_s == pytest.approx(18 * 16 / (18 * 0.02))
     # The whole epoch: the slow first batch and its step, then 19 cycles.
     assert times.images_per_s == pytest.approx(20 * 16 / (0.2 + 0.01 + 19 * 0.02))
+
+
+def test_every_workers_first_batch_is_warm_up_and_too_few_after_it_give_no_steady_rate():
+    # Ten workers start together: their ten first batches arrive a moment apart.
+    together = _timed([1.5] + [0.0001] * 9, step_s=0.0, workers=10)
+    assert together.warmup_batches == 9  # all but the last: one batch must follow
+    assert not together.steady_measured
+    assert "steady_images_per_s" not in together.metrics()
+    # Five workers, two batches each: the second round is the steady part.
+    rounds = _timed([1.5] + [0.0001] * 4 + [0.5] + [0.0001] * 4, step_s=0.0, workers=5)
+    assert rounds.warmup_batches == 5 and rounds.steady_measured
+    assert rounds.metrics()["steady_images_per_s"] == pytest.approx(5 * 16 / (0.5 + 4 * 0.0001))
 
 
 def test_max_batches_stops_the_epoch():

@@ -95,7 +95,12 @@ def measure_loader(
             measured.note = f"budget spent before n_workers={workers}"
             break
         settings = EpochSettings(
-            job.device, sample_hz=0, host_only=True, time_limit_s=per_run, geometry=ctx.geometry
+            job.device,
+            sample_hz=0,
+            host_only=True,
+            time_limit_s=per_run,
+            geometry=ctx.geometry,
+            n_workers=workers,
         )
         build = functools.partial(spec.build, replace(ctx, n_workers=workers))
         result = run_epoch(build, None, settings)
