@@ -76,16 +76,17 @@ class EpochSettings:
     geometry: Geometry = ARTICLE
     # Time each stage of each image (facebench/stages.py); False: no timing at all.
     stage_times: bool = True
-    # The loader's workers (processes or threads): the steady rate leaves their first batches out.
-    n_workers: int = 0
+    # Batches the loader starts on at once (n_workers x prefetch_factor): the steady rate leaves
+    # them out.
+    in_flight: int = 0
 
     def enough(self, n_batches: int, elapsed_s: float) -> bool:
         """Whether the epoch stops here, short of the loader's end."""
         if self.max_batches and n_batches >= self.max_batches:
             return True
         timed_out = self.time_limit_s and elapsed_s >= self.time_limit_s
-        # Past every worker's first batch (the steady rate's warm-up), and a few more.
-        return bool(timed_out) and n_batches >= max(_MIN_BATCHES, self.n_workers + 2)
+        # Past the batches made at the start (the steady rate's warm-up), and a few more.
+        return bool(timed_out) and n_batches >= max(_MIN_BATCHES, self.in_flight + 2)
 
 
 def run_epoch(
@@ -154,7 +155,7 @@ def _timed_epoch(
     deaths: WorkerDeaths,
 ) -> EpochResult:
     device = settings.device
-    meter, busy = EpochMeter(device, workers=settings.n_workers), DeviceBusy(device)
+    meter, busy = EpochMeter(device, in_flight=settings.in_flight), DeviceBusy(device)
     monitor = UsageMonitor(device, settings.sample_hz)
     monitor.prepare()  # NVML start-up, outside the clock
     bar = epoch_progress(settings.expected_images, settings.description)

@@ -19,8 +19,9 @@ from facebench.device import synchronize
 
 # Batches excluded from the steady-state rate, with the wait for the first batch after them: worker
 # start-up, first-touch allocations, cuDNN autotuning. A tenth of the epoch, 1 to 20 batches, and
-# at least one per worker: workers start together, so their first batches all carry start-up and
-# arrive close together (ten workers' ten first batches would make a "steady" rate of 90,000/s).
+# at least the batches the loader starts on at once (n_workers x prefetch_factor): those are all
+# made from the start, in parallel, and arrive close together (on 6,000 images, 5 workers' first
+# 10 batches made a "steady" rate of 45,000/s where the epoch ran at 2,000).
 WARMUP_FRACTION = 0.1
 WARMUP_MAX_BATCHES = 20
 # Batches after the warm-up that a steady rate needs: with fewer, one batch's timing would be the
@@ -77,7 +78,7 @@ class EpochMeter:
     device: torch.device
     # Seconds, monotonic; a test passes a fake one to set every duration exactly.
     clock: Callable[[], float] = time.perf_counter
-    workers: int = 0  # the loader's workers: their first batches are all warm-up
+    in_flight: int = 0  # batches the loader starts on at once: all of them are warm-up
     _start: float = 0.0
     _arrivals: list[float] = field(default_factory=list)  # when each batch was in hand
     _sizes: list[int] = field(default_factory=list)
@@ -117,7 +118,7 @@ class EpochMeter:
         synchronize(self.device)
         end = self._end = self.clock()
         n = len(self._sizes)
-        warmup = max(min(WARMUP_MAX_BATCHES, max(1, int(n * WARMUP_FRACTION))), self.workers)
+        warmup = max(min(WARMUP_MAX_BATCHES, max(1, int(n * WARMUP_FRACTION))), self.in_flight)
         warmup = min(warmup, n - 1) if n > 1 else 0  # at least one batch after it
         if n >= 2:
             # Whole cycles (a step, then the wait for the next batch) between the arrival of the

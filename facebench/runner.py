@@ -213,7 +213,7 @@ def measure(
         loader_name=cfg.loader.name,
         host_only=cfg.host_only,
         stage_times=cfg.stage_times,
-        n_workers=cfg.n_workers,
+        in_flight=cfg.n_workers * cfg.loader.prefetch_factor,
     )
     per_epoch: list[dict[str, float]] = []
     n_measured = cfg.repeat * cfg.epochs

@@ -54,10 +54,12 @@ class FakeClock:
         return self.now
 
 
-def _timed(waits: list[float], step_s: float, batch_size: int = 16, workers: int = 0) -> EpochTimes:
+def _timed(
+    waits: list[float], step_s: float, batch_size: int = 16, in_flight: int = 0
+) -> EpochTimes:
     """An epoch whose loader takes waits[i] for batch i and whose step takes step_s."""
     clock = FakeClock()
-    meter = EpochMeter(torch.device("cpu"), clock=clock, workers=workers)
+    meter = EpochMeter(torch.device("cpu"), clock=clock, in_flight=in_flight)
     meter.start()
     asked_at = meter.started_at
     for wait in waits:
@@ -89,14 +91,14 @@ def test_steady_rate_leaves_out_the_warmup():
     assert times.images_per_s == pytest.approx(20 * 16 / (0.2 + 0.01 + 19 * 0.02))
 
 
-def test_every_workers_first_batch_is_warm_up_and_too_few_after_it_give_no_steady_rate():
-    # Ten workers start together: their ten first batches arrive a moment apart.
-    together = _timed([1.5] + [0.0001] * 9, step_s=0.0, workers=10)
+def test_the_batches_made_at_the_start_are_warm_up_and_too_few_after_them_give_no_rate():
+    # Five workers, two batches ahead each, start together: ten batches arrive a moment apart.
+    together = _timed([1.5] + [0.0001] * 9, step_s=0.0, in_flight=10)
     assert together.warmup_batches == 9  # all but the last: one batch must follow
     assert not together.steady_measured
     assert "steady_images_per_s" not in together.metrics()
-    # Five workers, two batches each: the second round is the steady part.
-    rounds = _timed([1.5] + [0.0001] * 4 + [0.5] + [0.0001] * 4, step_s=0.0, workers=5)
+    # Five batches made at the start, then a second round: that round is the steady part.
+    rounds = _timed([1.5] + [0.0001] * 4 + [0.5] + [0.0001] * 4, step_s=0.0, in_flight=5)
     assert rounds.warmup_batches == 5 and rounds.steady_measured
     assert rounds.metrics()["steady_images_per_s"] == pytest.approx(5 * 16 / (0.5 + 4 * 0.0001))
 

@@ -100,7 +100,7 @@ def measure_loader(
             host_only=True,
             time_limit_s=per_run,
             geometry=ctx.geometry,
-            n_workers=workers,
+            in_flight=workers * ctx.options.prefetch_factor,
         )
         build = functools.partial(spec.build, replace(ctx, n_workers=workers))
         result = run_epoch(build, None, settings)
