@@ -63,6 +63,9 @@ class Cell:
     repeats: int
     # Worker time per image by stage (us, summed over workers), where the run measured it.
     stages: dict[str, float] = field(default_factory=dict)
+    # Samples per shard the run read, for loaders whose workers read shards of their own (it
+    # may be below shard_size: shards are cut so that every worker has one).
+    shard_size_used: int | None = None
 
 
 Table = dict[int, dict[str, Cell]]  # n_workers -> loader column -> cell
@@ -105,6 +108,7 @@ def tables(runs) -> dict[Settings, Table]:
             images_per_s=_metric(run, "images_per_s"),
             repeats=int(run.data.metrics.get("measured_epochs", 1)),
             stages=_stages(run.data.metrics),
+            shard_size_used=_shard_size_used(run.data.metrics),
         )
         column = _column(params, varying.get(params["loader"], ()))
         row = grouped[key][int(params["n_workers"])]
@@ -116,6 +120,11 @@ def tables(runs) -> dict[Settings, Table]:
             )
         row[column] = cell
     return grouped
+
+
+def _shard_size_used(metrics: dict[str, float]) -> int | None:
+    used = metrics.get("shard_size_used")
+    return int(used) if used is not None else None
 
 
 def _stages(metrics: dict[str, float]) -> dict[str, float]:
@@ -160,7 +169,7 @@ def ceiling_of(table: Table) -> float | None:
     return max(ceilings) if ceilings else None
 
 
-def _applies(name: str, value: str, given: dict[str, str], shard_loaders: bool) -> bool:
+def _applies(name: str, value: str, given: dict[str, str]) -> bool:
     """Whether a setting says anything about these runs (amp without a model does not)."""
     if value in ("", "None"):
         return False
@@ -170,34 +179,21 @@ def _applies(name: str, value: str, given: dict[str, str], shard_loaders: bool) 
         return given.get("data") == "synthetic"
     if name == "max_batches":
         return value != "0"
-    if name == "shard_size":
-        return shard_loaders
-    return True
+    # The size asked for: shards may be cut smaller, and the table's note gives the size used.
+    return name != "shard_size"
 
 
-def title(settings: Settings, loaders: list[str] | None = None) -> str:
+def title(settings: Settings) -> str:
     """The settings a table's runs share, those that apply to them only."""
     given = dict(settings)
-    shard_loaders = any(_reads_shards(column) for column in loaders or [])
-    return ", ".join(
-        f"{name}={value}"
-        for name, value in settings
-        if _applies(name, value, given, shard_loaders or loaders is None)
-    )
-
-
-def _reads_shards(column: str) -> bool:
-    from facebench import loaders
-
-    name = column.split(" (")[0]
-    return name in loaders.names() and loaders.get(name).shard_format is not None
+    return ", ".join(f"{name}={value}" for name, value in settings if _applies(name, value, given))
 
 
 def render(settings: Settings, table: Table) -> str:
     """One settings group as a Markdown table: rows n_workers, columns loaders."""
     loaders = ordered({loader for row in table.values() for loader in row if loader != CEILING})
     ceiling = ceiling_of(table)
-    lines = [f"### {title(settings, loaders)}", ""]
+    lines = [f"### {title(settings)}", ""]
     header = ["n workers", *loaders]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for workers in sorted(table):
@@ -215,6 +211,14 @@ def render(settings: Settings, table: Table) -> str:
     notes = []
     if ceiling:
         notes.append(f"Compute ceiling (loader=synthetic): {ceiling:,.0f} img/s.")
+    shards = [
+        f"{loader} with {workers} workers: {cell.shard_size_used:,}"
+        for workers in sorted(table)
+        for loader, cell in table[workers].items()
+        if cell.shard_size_used is not None
+    ]
+    if shards:
+        notes.append("Samples per shard (`shard_size_used`): " + "; ".join(shards) + ".")
     repeats = {cell.repeats for row in table.values() for cell in row.values()}
     if max(repeats, default=1) > 1:
         notes.append("Cells are medians over each job's measured epochs.")

@@ -99,10 +99,7 @@ def chart(grouped: dict[Settings, Table], path: Path, with_article: bool) -> Non
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [
-        (title(settings, [column for row in table.values() for column in row]), table)
-        for settings, table in grouped.items()
-    ]
+    panels = [(title(settings), table) for settings, table in grouped.items()]
     if with_article:
         heading = "The article: 922,599 images, batch 600, RTX 2080 Ti (its seconds, as img/s)"
         panels.append((heading, article_table()))

@@ -7,7 +7,7 @@ import matplotlib
 from facebench.advise.answer import Advice
 from facebench.advise.chart import chart as advice_chart
 from facebench.advise.measure import Measured
-from facebench.report import Cell, title
+from facebench.report import Cell, render, title
 from facebench.report_chart import chart as report_chart
 
 matplotlib.use("Agg")
@@ -25,16 +25,26 @@ SETTINGS = (
 
 
 def test_headings_show_only_the_settings_that_apply():
-    heading = title(SETTINGS, ["dataset", "datapipe"])
-    # No model: no precision; folder data: no synthetic size; no shard loader: no shard size.
-    assert heading == "data=folder, data.root=/data/mine, model=none, batch_size=600"
-    with_shards = title(
-        (("data", "synthetic"), ("data.n_images", "6000"), *SETTINGS[3:]), ["pickle"]
-    )
-    assert "data.n_images=6000" in with_shards and "shard_size=10000" in with_shards
-    assert "amp_resolved" not in with_shards
-    trained = title((("model", "resnet50"), ("amp_resolved", "bf16")), ["dataset"])
+    # No model: no precision; folder data: no synthetic size; the asked shard_size never (the
+    # size used is a note of its own).
+    assert title(SETTINGS) == "data=folder, data.root=/data/mine, model=none, batch_size=600"
+    synthetic = title((("data", "synthetic"), ("data.n_images", "6000"), *SETTINGS[3:]))
+    assert synthetic == "data=synthetic, data.n_images=6000, model=none, batch_size=600"
+    trained = title((("model", "resnet50"), ("amp_resolved", "bf16")))
     assert trained == "model=resnet50, amp_resolved=bf16"
+
+
+def test_the_report_says_the_shard_size_each_run_used():
+    table = {
+        5: {"pickle": Cell(1.4, 4300.0, 1, shard_size_used=600), "dataset": Cell(3.0, 2000.0, 1)},
+        10: {"pickle": Cell(1.7, 3600.0, 1, shard_size_used=600)},
+    }
+    text = render((("model", "none"),), table)
+    note = (
+        "Samples per shard (`shard_size_used`): pickle with 5 workers: 600; "
+        "pickle with 10 workers: 600."
+    )
+    assert note in text
 
 
 def test_report_panels_share_one_linear_scale(tmp_path, monkeypatch):
