@@ -86,6 +86,7 @@ def _stage_panel(axis, table: Table) -> None:
     axis.set_yticks(positions, [""] * len(rows))
     axis.set_xlim(0, 1.25 * max(left, default=0) or 1)
     axis.set_xlabel("workers' time per image, us (summed over workers)")
+    axis.xaxis.set_major_formatter("{x:,.0f}")
     axis.set_title("Time per image, by stage", fontsize=9, loc="left")
     # Above the bars, right of the title: inside, it would cover the last row's bar.
     axis.legend(fontsize=8, ncols=4, loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False)
