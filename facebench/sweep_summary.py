@@ -68,10 +68,20 @@ class SweepSummary(Callback):
     """Logs the sweep's table and where to compare its runs, once, when the sweep ends."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        runs = sweep_results(Path(config.hydra.sweep.dir))
+        folder = Path(config.hydra.sweep.dir)
+        runs = sweep_results(folder)
+        jobs = [job for job in folder.glob("*") if job.is_dir() and job.name.isdigit()]
+        if runs:
+            log.info("the sweep's %d runs:\n%s", len(runs), summary_table(runs))
+        if len(jobs) > len(runs):  # failed before their run began: their logs say why
+            log.warning(
+                "%d of the sweep's %d jobs recorded no results; see their logs in %s/<job>/",
+                len(jobs) - len(runs),
+                len(jobs),
+                folder,
+            )
         if not runs:
             return
-        log.info("the sweep's %d runs:\n%s", len(runs), summary_table(runs))
         url = next((r["compare_url"] for r in reversed(runs) if r.get("compare_url")), None)
         if url:
             log.info("side by side in MLflow: %s", url)

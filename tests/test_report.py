@@ -75,3 +75,53 @@ def test_advice_chart_is_linear_and_names_the_models_pace(tmp_path, monkeypatch)
     labels = [text.get_text() for text in axis.texts]
     assert "22,254 (1 worker), 1,011.5x the model's pace" in labels
     assert "380 (2 workers), 17.3x the model's pace" in labels
+
+
+def test_a_sweep_ends_with_its_runs_in_job_order_and_counts_jobs_without_results(tmp_path, caplog):
+    import json
+    import logging
+
+    from omegaconf import OmegaConf
+
+    from facebench.sweep_summary import SweepSummary
+
+    def job(number: int, name: str, rate: float | None, status: str) -> None:
+        folder = tmp_path / str(number)
+        folder.mkdir()
+        metrics = {"images_per_s": rate, "data_wait_frac": 0.5} if rate else {}
+        results = {
+            "run_name": name,
+            "params": {"loader": name.split("-")[0], "n_workers": 5, "data": "synthetic"},
+            "tags": {"data_set": "synthetic 6,000"},
+            "metrics": metrics,
+            "status": status,
+            "compare_url": "http://127.0.0.1:5000/#/x",
+        }
+        (folder / "results.json").write_text(json.dumps(results))
+
+    job(10, "pickle-w5", 4300.25, "FINISHED")
+    job(2, "dataset-w5", 2041.3, "FINISHED")
+    job(3, "datapipe-w5", None, "FAILED")
+    (tmp_path / "4").mkdir()  # failed before its run began: no results.json
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    with caplog.at_level(logging.INFO, logger="facebench"):
+        SweepSummary().on_multirun_end(config)
+    table = caplog.records[0].getMessage().splitlines()
+    assert table[0] == "the sweep's 3 runs:"
+    assert table[1].split() == [
+        "run",
+        "data",
+        "loader",
+        "workers",
+        "images/s",
+        "data",
+        "wait",
+        "status",
+    ]
+    rows = [line.split() for line in table[2:]]
+    assert [row[0] for row in rows] == ["dataset-w5", "datapipe-w5", "pickle-w5"]  # job order
+    assert rows[0][1:] == ["synthetic", "6,000", "dataset", "5", "2,041.3", "50%", "FINISHED"]
+    assert rows[1][-3:] == ["-", "-", "FAILED"]
+    messages = [record.getMessage() for record in caplog.records[1:]]
+    assert messages[0].startswith("1 of the sweep's 4 jobs recorded no results")
+    assert messages[1] == "side by side in MLflow: http://127.0.0.1:5000/#/x"

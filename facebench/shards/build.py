@@ -81,13 +81,13 @@ def _sized_for(
 ) -> int:
     idle = workers_without_a_batch(n_samples, batch_size, readers)
     if idle:
-        most = max(1, n_samples // batch_size)
+        batches = n_samples // batch_size
+        fewer = f"n_workers={batches}, or " if batches else ""  # none at all: no worker count
         raise ConfigError(
-            f"{n_samples:,} samples make {n_samples // batch_size} batch(es) of {batch_size}, "
-            f"too few for {readers} workers (all ranks) that each batch the {format_name} shards "
-            f"they read: {idle} would have nothing to do. Use n_workers={most}, or "
-            f"batch_size={max(1, n_samples // readers)}, or more data (with data=synthetic, "
-            f"data.n_images={readers * batch_size})"
+            f"{n_samples:,} samples make {batches} batch(es) of {batch_size}, too few for "
+            f"{readers} workers (all ranks) that each batch the {format_name} shards they read: "
+            f"{idle} would have nothing to do. Use {fewer}batch_size={max(1, n_samples // readers)}"
+            f", or more data (with data=synthetic, data.n_images={readers * batch_size})"
         )
     try:
         existing = Manifest.read(folder)
