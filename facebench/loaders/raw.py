@@ -131,15 +131,9 @@ class RawBatches:
 
     def _gather(self, files: list[int], positions: np.ndarray, out: np.ndarray) -> None:
         """Read the samples at these (sorted) global positions into out, one pread each."""
-        record = out[0].nbytes
-        rows = out.reshape(len(positions), record)
-        shard_of = np.searchsorted(self.starts, positions, side="right") - 1
-        offsets = (
-            np.asarray(self.data_starts)[shard_of] + (positions - self.starts[shard_of]) * record
-        )
-        for row, shard, offset in zip(rows, shard_of.tolist(), offsets.tolist(), strict=True):
-            if os.preadv(files[shard], [row], offset) != record:
-                raise ShardError(f"{self.folder / self.shards[shard].name}: shorter than recorded")
+        short = raw_format.gather(files, self.data_starts, self.starts, positions, out)
+        if short is not None:
+            raise ShardError(f"{self.folder / self.shards[short].name}: shorter than recorded")
 
 
 def worker_memory(ctx: LoaderContext) -> int:

@@ -27,6 +27,27 @@ def shape(resize: int) -> tuple[int, int, int]:
     return (resize, resize, 3)
 
 
+def gather(
+    files: list[int],
+    data_starts: list[int],
+    starts: np.ndarray,
+    positions: np.ndarray,
+    out: np.ndarray,
+) -> int | None:
+    """Read the records at these (sorted) global positions into out (n, r, r, 3), one pread
+    each: `files` the open shards, `data_starts` where each one's images begin, `starts` the
+    global position of each shard's first record. The index of a shard that ended short, else
+    None."""
+    record = out[0].nbytes
+    rows = out.reshape(len(positions), record)
+    shard_of = np.searchsorted(starts, positions, side="right") - 1
+    offsets = np.asarray(data_starts)[shard_of] + (positions - starts[shard_of]) * record
+    for row, shard, offset in zip(rows, shard_of.tolist(), offsets.tolist(), strict=True):
+        if os.preadv(files[shard], [row], offset) != record:
+            return shard
+    return None
+
+
 def encode(samples: list[tuple[int, Record]], resize: int) -> bytes:
     """(sample id, record) pairs -> an .npy file of their resize x resize uint8 images."""
     images = np.empty((len(samples), *shape(resize)), dtype=np.uint8)
