@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 T = TypeVar("T")
 
-LOG_EVERY_S = 30.0  # between two progress lines when stderr is not a terminal
+LOG_EVERY_S = 30.0  # between two progress lines when the output is not a terminal
 
 
 def _duration(seconds: float) -> str:

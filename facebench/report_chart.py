@@ -104,7 +104,7 @@ def chart(grouped: dict[Settings, Table], path: Path, with_article: bool) -> Non
     if with_article:
         heading = "The article: 922,599 images, batch 600, RTX 2080 Ti (its seconds, as img/s)"
         panels.append((heading, article_table()))
-    # Room for the legend under the stage bars.
+    # Room for each panel's title, and for the legend above the stage bars.
     heights = [1.6 + 0.3 * len(_rows(table)) for _, table in panels]
     figure, axes = plt.subplots(
         len(panels),
