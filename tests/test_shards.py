@@ -48,7 +48,7 @@ def test_shards_hold_every_sample_once_decoded_and_shuffled(data_copy, tmp_path)
         data = (tmp_path / "shards" / shard.name).read_bytes()
         assert len(data) == shard.bytes
         assert hashlib.sha256(data).hexdigest() == shard.sha256
-        samples += list(pickle_format.decode(data))
+        samples += list(pickle_format.decode(data, shard.name))
     sizes = {image.size for image, _, _ in samples}
     assert sizes == {(128, 128), (112, 112)}  # CelebA cropped, DigiFace as is
     assert {image.mode for image, _, _ in samples} == {"RGB"}

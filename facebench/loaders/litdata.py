@@ -29,6 +29,7 @@ from facebench.loaders.base import Batch, LoaderContext, stack, stamped, uint8_b
 from facebench.loaders.plan import EpochPlan
 from facebench.loaders.shardsets import open_shard_set
 from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits, Workers
+from facebench.shards import litdata_format
 
 
 class Collate:
@@ -85,6 +86,7 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
         shuffle=True,
         seed=plan.seed % 2**31,  # LitData deals and shuffles the chunks itself, from this seed
         drop_last=True,
+        serializers=litdata_format.serializers(),  # numpy and int only: nothing that unpickles
     )
     labels = np.array([record.label for record in ctx.records], dtype=np.int64)
     extra = {"prefetch_factor": ctx.options.prefetch_factor} if ctx.n_workers else {}

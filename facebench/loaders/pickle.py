@@ -53,7 +53,7 @@ class PickleShardLoader(IterDataPipe):
             with self.guard.reading(path):
                 data = read_verified(Path(path), self.sha256[Path(path).name])
             start = stages.lap(stages.READ, start)  # the shard's bytes, and their hash
-            samples = pickle_format.decode(data)
+            samples = pickle_format.decode(data, path)
             stages.lap(stages.DECODE, start)  # unpickling: the pixels were decoded by prepare.py
             for image, label, sample_id in samples:
                 yield self.transform(image), label, sample_id

@@ -87,8 +87,12 @@ class OpenShardSet:
 
 
 def open_shard_set(ctx: LoaderContext) -> OpenShardSet:
-    """The run's shard set, checked against its manifest, ready to read."""
+    """The run's shard set, checked against its manifest (and, for a set its library writes,
+    against what facebench asks that library to write), ready to read."""
     manifest = trusted_manifest(ctx)
+    check_set = formats.get(manifest.format).check_set
+    if check_set is not None:
+        check_set(ctx.shards_dir, manifest)
     return OpenShardSet(ctx.shards_dir, manifest, ShardGuard.of(ctx.shards_dir, manifest))
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from facebench.data.records import Record
 from facebench.errors import ConfigError
 from facebench.extras import Requirement
-from facebench.shards.manifest import ShardEntry
+from facebench.shards.manifest import Manifest, ShardEntry
 
 Samples = list[tuple[int, Record]]  # (sample id, record), in the order the set stores them
 
@@ -41,6 +41,10 @@ class ShardFormat:
     # Whether a loader's workers each read whole shards of their own (so that each needs one):
     # shard_size is then cut down to give every worker a shard (shards/plan.py).
     per_worker: bool = False
+    # Whole set: (folder, manifest) -> raises ShardError where the set's own index asks its
+    # library for anything facebench does not write (a serializer that unpickles, say), before
+    # a loader hands the folder to that library.
+    check_set: Callable[[Path, Manifest], None] | None = None
 
     @property
     def whole_set(self) -> bool:

@@ -15,6 +15,12 @@ switches the whole process to the `spawn` start method unless told otherwise (wh
 in the same process 5-10x slower): here it is told `fork`, and the start method is put back; it
 stages chunks in $TMPDIR/chunks: here in facebench's cache; and it prints an account message: its
 output goes to the log at debug level.
+
+LitData's index names, for each field of an item, the serializer that reads it back, and its
+`pickle` serializer (like `graph`'s fallback) unpickles whatever a chunk holds. facebench writes
+numpy images and int ids and labels only, so a set whose index asks for anything else is refused
+before LitData reads it (check_set), and the loader gives LitData no serializer but those two
+(serializers()): an index changed after the check still cannot make it unpickle.
 """
 
 from __future__ import annotations
@@ -34,9 +40,10 @@ from torchvision.transforms import functional
 
 from facebench.data.images import BadImage, bad_image, open_sample
 from facebench.data.sources import Record
+from facebench.errors import ShardError
 from facebench.extras import Requirement
 from facebench.shards.formats import ShardFormat
-from facebench.shards.manifest import ShardEntry
+from facebench.shards.manifest import Manifest, ShardEntry, read_verified
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +51,16 @@ SUFFIX = ".bin"
 INDEX = "index.json"  # litdata's own index of its chunks
 CHUNK_BYTES = "64MB"
 _ITEM_HEADER_BYTES = 64  # litdata's per-item header, id and label
+# What Items' {"image", "id", "label"} make litdata.optimize write into its index's config: the
+# serializer of each field (in the item's key order) and how chunks are laid out.
+WRITTEN = {
+    "data_format": ["numpy", "int", "int"],
+    "item_loader": "PyTreeLoader",
+    "compression": None,
+    "encryption": None,
+}
+SERIALIZERS = ("numpy", "int")
+_REBUILD = "python prepare.py format=litdata (into a folder only you can write to)"
 
 
 def writes(name: str) -> bool:
@@ -141,6 +158,69 @@ def entries(folder: Path) -> list[ShardEntry]:
     return found
 
 
+def check_set(folder: Path, manifest: Manifest) -> None:
+    """Refuse a set whose index (the bytes its manifest records) asks LitData for anything
+    facebench does not write: another serializer (its `pickle` runs code from the chunks), a
+    compression, an encryption or an item loader of its own."""
+    entry = next((shard for shard in manifest.shards if shard.name == INDEX), None)
+    if entry is None:
+        raise ShardError(f"{folder}: its manifest names no {INDEX}. Rebuild: {_REBUILD}")
+    try:
+        config = json.loads(read_verified(folder / INDEX, entry.sha256))["config"]
+        found = {key: config.get(key) for key in WRITTEN}
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ShardError(
+            f"{folder / INDEX}: not an index LitData wrote for facebench ({error}). "
+            f"Rebuild: {_REBUILD}"
+        ) from None
+    if found == WRITTEN:
+        return
+    named = found["data_format"] if isinstance(found["data_format"], list) else []
+    foreign = sorted({str(name) for name in named} - set(SERIALIZERS))
+    what = (
+        f"LitData serializer(s) {', '.join(foreign)} for its items (facebench writes only "
+        f"{' and '.join(SERIALIZERS)}; LitData's pickle serializer runs code from the chunks)"
+        if foreign
+        else ", ".join(f"{key} {found[key]!r}" for key in WRITTEN if found[key] != WRITTEN[key])
+    )
+    raise ShardError(
+        f"{folder / INDEX}: names {what}, which facebench never writes; refused before LitData "
+        f"read it. Use only LitData sets you built: {_REBUILD}"
+    )
+
+
+class Refused:
+    """A LitData serializer that deserializes nothing: stands in, in the loader, for every
+    serializer but those facebench writes. LitData calls setup() with the field's name from the
+    index before it reads any chunk."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def setup(self, metadata: object) -> None:
+        raise ShardError(
+            f"LitData was asked for its {self.name!r} serializer ({metadata!r}), which "
+            f"facebench never writes; refused. Rebuild: {_REBUILD}"
+        )
+
+    def serialize(self, item: object) -> tuple[bytes, None]:
+        raise ShardError(f"the {self.name!r} serializer is not used by facebench")
+
+    def deserialize(self, data: bytes) -> object:
+        raise ShardError(f"the {self.name!r} serializer is not used by facebench")
+
+    def can_serialize(self, item: object) -> bool:
+        return False
+
+
+def serializers() -> dict[str, object]:
+    """For StreamingDataset(serializers=...): LitData's own numpy and int serializers, and a
+    Refused in place of every other one it has (it fills in its defaults for names left out)."""
+    from litdata.streaming.serializers import _SERIALIZERS  # every name LitData would resolve
+
+    return {name: Refused(name) for name in _SERIALIZERS if name not in SERIALIZERS}
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as file:
@@ -158,4 +238,5 @@ FORMAT = ShardFormat(
     write_set=write_set,
     writes=writes,
     requires=Requirement("litdata", "litdata"),
+    check_set=check_set,
 )
