@@ -8,6 +8,8 @@
 Then `mlflow ui --backend-store-uri sqlite:///mlflow.db` to compare the runs.
 """
 
+import math
+
 import hydra
 from omegaconf import DictConfig
 
@@ -19,7 +21,8 @@ configure()
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float:
-    return run_job(run_training, cfg)["images_per_s"]
+    metrics = run_job(run_training, cfg)  # None: a sweep's job failed, and its summary says so
+    return metrics["images_per_s"] if metrics else math.nan
 
 
 if __name__ == "__main__":

@@ -32,6 +32,14 @@ class TrackingError(FacebenchError):
     """The MLflow store cannot be used."""
 
 
+class TrackingLost(TrackingError):
+    """The job finished, but MLflow failed during its run: what it recorded is in results.json
+    only, for `python -m facebench.upload`. Its own exit status, so that a sweep or a scheduler
+    can tell it from a failed measurement."""
+
+    exit_code = 3
+
+
 class LoaderFailure(FacebenchError):
     """A loader's workers, or the channel that brings their batches, stopped working."""
 

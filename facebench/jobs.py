@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from facebench import loaders, parent_death, printable
 from facebench.config import register_configs, typed
-from facebench.errors import FacebenchError, Interrupted, interruption
+from facebench.errors import FacebenchError, Interrupted, TrackingLost, interruption
 
 log = logging.getLogger("facebench")
 T = TypeVar("T")
@@ -62,13 +62,15 @@ def user_message(error: FacebenchError) -> str:
     return text
 
 
-def run_job(task: Callable[..., T], cfg: DictConfig) -> T:
+def run_job(task: Callable[..., T], cfg: DictConfig) -> T | None:
     """Run one job; a user error is one clear line, not a traceback.
 
-    In a single run it exits with status 1. In a multirun it is re-raised, so Hydra marks this job
-    failed and goes on with the others (and exits non-zero at the end). Ctrl-C or SIGTERM stops
-    the job (and a sweep) with one line and status 130 or 143; HYDRA_FULL_ERROR=1 shows the
-    traceback instead.
+    In a single run it exits with status 1 (3 where the job finished but MLflow failed during
+    it: TrackingLost). In a multirun the sweep goes on with its other jobs: where the sweep ends
+    with a summary (train.py's), that summary lists the failed job and sets the exit status;
+    elsewhere the error is re-raised, so Hydra marks this job failed (and exits non-zero at the
+    end). Ctrl-C or SIGTERM stops the job (and a sweep) with one line and status 130 or 143;
+    HYDRA_FULL_ERROR=1 shows the traceback instead.
     """
     install_process_handlers()
     printable.install()  # Hydra's handlers: a file name with odd bytes is logged, not a failure
@@ -78,11 +80,12 @@ def run_job(task: Callable[..., T], cfg: DictConfig) -> T:
     try:
         return task(typed(cfg), output_dir=output_dir, sweep_id=sweep_id(), multirun=multirun)
     except BaseException as error:
-        _end(error, multirun, distributed)
+        return _end(error, multirun, distributed)
 
 
-def _end(error: BaseException, multirun: bool, distributed: bool) -> NoReturn:
-    """How a job that raised ends: one line and an exit status, or the error passed on."""
+def _end(error: BaseException, multirun: bool, distributed: bool) -> None:
+    """How a job that raised ends: one line and an exit status, the error passed on, or (in a
+    sweep whose summary reports it) nothing more."""
     stop = interruption(error)
     if stop is not None and os.environ.get("HYDRA_FULL_ERROR") != "1":
         # The run (and a sweep's later jobs) stop here, workers with it.
@@ -92,14 +95,22 @@ def _end(error: BaseException, multirun: bool, distributed: bool) -> NoReturn:
     if isinstance(error, FacebenchError):
         log.error("%s", user_message(error))
         if multirun and not distributed:
+            if _sweep_summarised():
+                return None
             raise error
-        sys.exit(1)
+        sys.exit(error.exit_code if isinstance(error, TrackingLost) else 1)
     if isinstance(error, Exception) and distributed:
         # One rank failing must end the job: going on to the next job of a sweep would pair
         # its collectives with the other ranks' and hang or mix up the runs.
         log.error("this rank failed; ending the job", exc_info=error)
         sys.exit(1)
     raise error
+
+
+def _sweep_summarised() -> bool:
+    """Whether this sweep ends with facebench's summary, which reads every job's results.json
+    and exits non-zero for the failed ones (facebench.sweep_summary)."""
+    return "sweep_summary" in (HydraConfig.get().callbacks or {})
 
 
 _job_pid = 0

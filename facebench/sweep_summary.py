@@ -1,18 +1,27 @@
 """The end of a sweep (`train.py -m`): one table of its runs and one URL, after the last job.
 
 A Hydra callback: each job wrote its results.json into the sweep's folder (<sweep dir>/<job>/);
-this reads them back in job order, so the table holds failed and stopped jobs too.
+this reads them back in job order, so the table holds failed and stopped jobs too. A failed job
+does not stop the sweep (facebench.jobs): the summary says which failed, which finished but are
+not in MLflow (and the command that puts them there), and ends the sweep with an exit status:
+1 if any job failed or recorded nothing, else 3 if any run is not in MLflow, else 0.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
+
+from facebench.errors import TrackingLost
+from facebench.results import TRACKING_LOST
+from facebench.tracking import UPLOAD_COMMAND
 
 log = logging.getLogger("facebench")
 
@@ -45,7 +54,8 @@ def _row(results: dict[str, Any]) -> list[str]:
         str(params.get("n_workers", "?")),
         f"{rate:,.1f}" if rate is not None else "-",
         f"{100 * wait:.0f}%" if wait is not None else "-",
-        str(results.get("status", "?")),
+        str(results.get("status", "?"))
+        + (", not in MLflow" if results.get("tracking") == TRACKING_LOST else ""),
     ]
 
 
@@ -65,27 +75,46 @@ def summary_table(runs: list[dict[str, Any]]) -> str:
 
 
 class SweepSummary(Callback):
-    """Logs the sweep's table and where to compare its runs, once, when the sweep ends."""
+    """Logs the sweep's table and where to compare its runs, once, when the sweep ends; then
+    ends the sweep with its exit status (see the module's docstring)."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if int(os.environ.get("RANK", "0")) != 0:
+            return  # under torchrun, every rank runs the sweep; rank 0 alone records it
         folder = Path(config.hydra.sweep.dir)
         runs = sweep_results(folder)
         jobs = [job for job in folder.glob("*") if job.is_dir() and job.name.isdigit()]
         if runs:
             log.info("the sweep's %d runs:\n%s", len(runs), summary_table(runs))
-        if len(jobs) > len(runs):  # failed before their run began: their logs say why
+        silent = len(jobs) - len(runs)
+        if silent > 0:  # failed before their run began: their logs say why
             log.warning(
                 "%d of the sweep's %d jobs recorded no results; see their logs in %s/<job>/",
-                len(jobs) - len(runs),
+                silent,
                 len(jobs),
                 folder,
             )
-        if not runs:
-            return
-        url = next((r["compare_url"] for r in reversed(runs) if r.get("compare_url")), None)
-        if url:
-            log.info("side by side in MLflow: %s", url)
-            command = next((r["ui_command"] for r in runs if r.get("ui_command")), "")
-            if command:
-                log.info("(start the UI first: %s)", command)
-        log.info("each run's output: %s/<job>/", config.hydra.sweep.dir)
+        untracked = sum(1 for r in runs if r.get("tracking") == TRACKING_LOST)
+        if runs:
+            _where_to_look(runs, folder)
+        if untracked:
+            log.error(
+                "%d of the sweep's runs finished but are not in MLflow (it failed during them); "
+                "once it answers: %s %s",
+                untracked,
+                UPLOAD_COMMAND,
+                folder,
+            )
+        failed = silent + sum(1 for r in runs if r.get("status") != "FINISHED")
+        if failed or untracked:
+            sys.exit(1 if failed else TrackingLost.exit_code)
+
+
+def _where_to_look(runs: list[dict[str, Any]], folder: Path) -> None:
+    url = next((r["compare_url"] for r in reversed(runs) if r.get("compare_url")), None)
+    if url:
+        log.info("side by side in MLflow: %s", url)
+        command = next((r["ui_command"] for r in runs if r.get("ui_command")), "")
+        if command:
+            log.info("(start the UI first: %s)", command)
+    log.info("each run's output: %s/<job>/", folder)

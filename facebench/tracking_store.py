@@ -1,6 +1,6 @@
 """An MLflow store checked before a run uses it, in seconds: a server that does not answer, a
-SQLite store that cannot be written (MLflow would retry either for minutes); and one job at a
-time creating a new SQLite store's tables."""
+SQLite store that cannot be written (MLflow would retry either for minutes); how long a run's
+calls to a server may retry; and one job at a time creating a new SQLite store's tables."""
 
 from __future__ import annotations
 
@@ -17,17 +17,53 @@ from typing import NoReturn
 from facebench.errors import TrackingError
 
 _SERVER_TIMEOUT_S = 5
-# MLflow retries a server that does not answer for minutes, with backoff; after the one quick
-# check below, a few retries are enough.
-_HTTP_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+# MLflow retries a server that does not answer for minutes, with backoff (7 retries, 120 s
+# each). A run's calls retry once, about a second later, and wait 10 s for an answer: a server
+# that restarts meanwhile is kept; one that is gone costs seconds, and the run goes on without
+# it (facebench.tracking). Variables the user set are left as they are.
+_RUN_HTTP = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+}
+# For a call whose answer no longer matters (ending a run whose store is gone).
+_NO_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "2"}
+
+
+@contextmanager
+def bounded_http_retries() -> Iterator[None]:
+    """MLflow's HTTP calls in the block retry as a run's should (see _RUN_HTTP)."""
+    with _environment({k: v for k, v in _RUN_HTTP.items() if k not in os.environ}):
+        yield
+
+
+@contextmanager
+def no_http_retries() -> Iterator[None]:
+    """MLflow's HTTP calls in the block try once, briefly."""
+    with _environment(_NO_RETRIES):
+        yield
+
+
+@contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """These environment variables set while the block runs (MLflow reads its own at each
+    request), then put back as they were."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def check_server(uri: str) -> None:
     """A tracking server must answer its health check within seconds, or the run stops now."""
     if not uri.startswith(("http://", "https://")):
         return
-    for name, value in _HTTP_RETRIES.items():
-        os.environ.setdefault(name, value)
     try:
         with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=_SERVER_TIMEOUT_S):
             return

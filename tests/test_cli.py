@@ -116,10 +116,16 @@ def test_a_failed_job_is_marked_failed_and_the_sweep_goes_on(tmp_path, cache, is
         "data=synthetic,celeba_digiface",
         f"data.root={tmp_path / 'missing'}",
     )
-    assert result.returncode != 0
-    assert "missing: no such folder" in result.stdout + result.stderr
+    output = result.stdout + result.stderr
+    assert result.returncode == 1
+    assert "missing: no such folder" in output and "Traceback" not in output
     statuses = {r.data.params["data"]: r.info.status for r in runs(tmp_path)}
     assert statuses == {"synthetic": "FINISHED", "celeba_digiface": "FAILED"}
+    # The sweep's summary still comes, with the failed run in it.
+    assert "the sweep's 2 runs:" in output
+    assert re.search(
+        r"dataset-w5-bs16-loader-only +celeba_digiface +dataset +5 +- +- +FAILED", output
+    ), output
 
 
 @pytest.mark.slow

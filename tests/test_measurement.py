@@ -8,10 +8,11 @@ import torch
 
 from facebench.epoch import EpochSettings, run_epoch
 from facebench.loaders.base import Batch
+from facebench.measurement import summarise
 from facebench.meter import DeviceBusy, EpochMeter, EpochTimes
 from facebench.order import batch_label_diversity, expected_distinct_labels, order_corr
 from facebench.pagecache import evict, resident_fraction, warm
-from facebench.runner import run_training, summarise
+from facebench.runner import run_training
 
 CPU = EpochSettings(torch.device("cpu"), sample_hz=0)
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import logging
+
 import matplotlib
+import pytest
+from omegaconf import OmegaConf
 
 from facebench.advise.answer import Advice
 from facebench.advise.chart import chart as advice_chart
@@ -78,11 +83,6 @@ def test_advice_chart_is_linear_and_names_the_models_pace(tmp_path, monkeypatch)
 
 
 def test_a_sweep_ends_with_its_runs_in_job_order_and_counts_jobs_without_results(tmp_path, caplog):
-    import json
-    import logging
-
-    from omegaconf import OmegaConf
-
     from facebench.sweep_summary import SweepSummary
 
     def job(number: int, name: str, rate: float | None, status: str) -> None:
@@ -104,8 +104,9 @@ def test_a_sweep_ends_with_its_runs_in_job_order_and_counts_jobs_without_results
     job(3, "datapipe-w5", None, "FAILED")
     (tmp_path / "4").mkdir()  # failed before its run began: no results.json
     config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
-    with caplog.at_level(logging.INFO, logger="facebench"):
+    with caplog.at_level(logging.INFO, logger="facebench"), pytest.raises(SystemExit) as ended:
         SweepSummary().on_multirun_end(config)
+    assert ended.value.code == 1  # two jobs failed
     table = caplog.records[0].getMessage().splitlines()
     assert table[0] == "the sweep's 3 runs:"
     assert table[1].split() == [
@@ -125,3 +126,29 @@ def test_a_sweep_ends_with_its_runs_in_job_order_and_counts_jobs_without_results
     messages = [record.getMessage() for record in caplog.records[1:]]
     assert messages[0].startswith("1 of the sweep's 4 jobs recorded no results")
     assert messages[1] == "side by side in MLflow: http://127.0.0.1:5000/#/x"
+
+
+def test_a_sweep_with_runs_not_in_mlflow_says_how_to_put_them_there(tmp_path, caplog):
+    from facebench.sweep_summary import SweepSummary
+
+    for number, tracking in enumerate(["mlflow", "lost", "off"]):
+        (tmp_path / str(number)).mkdir()
+        results = {
+            "run_name": f"raw-w{number}",
+            "params": {"loader": "raw", "n_workers": number},
+            "metrics": {"images_per_s": 100.0, "data_wait_frac": 0.5},
+            "status": "FINISHED",
+            "tracking": tracking,
+        }
+        (tmp_path / str(number) / "results.json").write_text(json.dumps(results))
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    with caplog.at_level(logging.INFO, logger="facebench"), pytest.raises(SystemExit) as ended:
+        SweepSummary().on_multirun_end(config)
+    assert ended.value.code == 3  # every job finished; one run is not in MLflow
+    rows = caplog.records[0].getMessage().splitlines()[2:]
+    assert [row.endswith("FINISHED, not in MLflow") for row in rows] == [False, True, False]
+    said = [record.getMessage() for record in caplog.records]
+    assert (
+        "1 of the sweep's runs finished but are not in MLflow (it failed during them); once it "
+        f"answers: python -m facebench.upload {tmp_path}"
+    ) in said

@@ -1,0 +1,150 @@
+"""The measured epochs of one job: each built, timed, merged over ranks, checked and logged as
+it ends, and their summary (median, min and max of the headline numbers).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from dataclasses import replace
+
+import numpy as np
+
+from facebench import stages
+from facebench.config import TrainConfig
+from facebench.distributed import World, barrier, gather, join, whole_job
+from facebench.epoch import EpochSettings, run_epoch
+from facebench.exactly_once import check_exactly_once
+from facebench.job import Job
+from facebench.loaders.base import LoaderContext
+from facebench.loaders.spec import LoaderSpec
+from facebench.meter import MIN_STEADY_BATCHES
+from facebench.pagecache import prepare_cache, resident_fraction
+from facebench.tracking import Tracker
+from facebench.training import Trainer
+
+log = logging.getLogger(__name__)
+
+# Metrics summarised over all measured epochs of a job (repeat x epochs) as _median, _min, _max.
+HEADLINE = (
+    "epoch_time_s",
+    "images_per_s",
+    "steady_images_per_s",
+    "time_to_first_batch_s",
+    "data_wait_frac",
+)
+_RESIDENCY_SAMPLE = 2000  # files checked with mincore to report the cache state
+
+
+def measure(
+    cfg: TrainConfig,
+    job: Job,
+    loader: LoaderSpec,
+    ctx: LoaderContext,
+    trainer: Trainer | None,
+    tracker: Tracker,
+    epochs: list[dict[str, float]],
+) -> list[dict[str, float]]:
+    """Every measured epoch (repeat x epochs), each checked and logged as it ends and added to
+    `epochs` (so that a job that fails later keeps the epochs it measured); `epochs`."""
+    files = loader.data_files(ctx)
+    labels = [record.label for record in ctx.records]
+    settings = EpochSettings(
+        device=job.device,
+        geometry=ctx.geometry,
+        max_batches=cfg.max_batches,
+        sample_hz=cfg.sample_hz,
+        label_counts=np.bincount(labels, minlength=ctx.labels.n_classes),
+        expected_images=len(ctx.records) if not cfg.max_batches else None,
+        join=join(trainer.model if trainer else None),
+        loader_name=cfg.loader.name,
+        host_only=cfg.host_only,
+        stage_times=cfg.stage_times,
+        in_flight=cfg.n_workers * cfg.loader.prefetch_factor,
+    )
+    n_measured = cfg.repeat * cfg.epochs
+    for step in range(n_measured):
+        epoch_ctx = replace(ctx, epoch=step)  # reshuffles, identically on every rank
+        if job.world.local_rank == 0:
+            prepare_cache(cfg.cache, files)  # one page cache per machine: one rank prepares it
+        barrier(job.world)
+        cache_metrics = _cache_state(files)
+        settings = replace(settings, description=f"epoch {step + 1}/{n_measured}")
+        result = run_epoch(lambda c=epoch_ctx: loader.build(c), trainer, settings)
+        epoch_metrics = {**result.metrics(), **cache_metrics}
+        if job.world.distributed:
+            epoch_metrics = _merge_ranks(job.world, epoch_metrics, result.ids)
+        tracker.log_metrics(epoch_metrics, step=step)
+        epochs.append(epoch_metrics)
+        if job.world.is_main:
+            _log_epoch(step, epoch_metrics)
+        if not cfg.max_batches and not loader.synthetic:
+            check_exactly_once(cfg, loader, len(ctx.records), epoch_metrics)
+    return epochs
+
+
+def _merge_ranks(
+    world: World, metrics: dict[str, float], ids: np.ndarray | None
+) -> dict[str, float]:
+    """Whole-job metrics from every rank's, and samples_unique over the union of their ids."""
+    per_rank = gather(world, metrics)
+    merged = whole_job(per_rank)
+    merged["world_size"] = float(world.world_size)
+    all_ids = gather(world, ids)
+    if all(part is not None for part in all_ids):
+        merged["samples_unique"] = float(len(np.unique(np.concatenate(all_ids))))
+    return merged
+
+
+def summarise(per_epoch: list[dict[str, float]]) -> dict[str, float]:
+    """Median, min and max of the headline metrics over every measured epoch."""
+    summary: dict[str, float] = {}
+    for name in HEADLINE:
+        values = [epoch[name] for epoch in per_epoch if name in epoch]
+        if values:
+            summary[f"{name}_median"] = statistics.median(values)
+            summary[f"{name}_min"] = min(values)
+            summary[f"{name}_max"] = max(values)
+    summary["measured_epochs"] = float(len(per_epoch))
+    return summary
+
+
+def _cache_state(files: list[str]) -> dict[str, float]:
+    if not files:
+        return {}
+    rng = np.random.default_rng(0)
+    sample = (
+        files
+        if len(files) <= _RESIDENCY_SAMPLE
+        else list(rng.choice(files, _RESIDENCY_SAMPLE, replace=False))
+    )
+    return {"cache_resident_frac": resident_fraction(sample)}
+
+
+def _log_epoch(step: int, metrics: dict[str, float]) -> None:
+    extra = ""
+    if "gpu_busy_frac" in metrics:
+        extra = f", GPU busy {100 * metrics['gpu_busy_frac']:.0f}% of the epoch"
+    if "gpu_util_mean" in metrics:
+        extra += f" (NVML utilization {metrics['gpu_util_mean']:.0f}%)"
+    if "steady_images_per_s" in metrics:
+        steady = f"steady {metrics['steady_images_per_s']:,.1f}"
+    else:
+        after = int(metrics["batches"] - metrics["warmup_batches"])
+        steady = f"no steady rate: {after} batch(es) after the warm-up, {MIN_STEADY_BATCHES} needed"
+    log.info(
+        "epoch %d: %d images in %.1f s = %.1f images/s (%s); first batch after %.2f s; "
+        "waited for data %.0f%% of the time; CPU %.0f%%%s",
+        step,
+        metrics["samples_seen"],
+        metrics["epoch_time_s"],
+        metrics["images_per_s"],
+        steady,
+        metrics["time_to_first_batch_s"],
+        100 * metrics["data_wait_frac"],
+        metrics.get("cpu_util_mean", float("nan")),
+        extra,
+    )
+    breakdown = stages.describe(metrics)
+    if breakdown:
+        log.info("epoch %d %s", step, breakdown)
