@@ -133,6 +133,9 @@ class CommonConfig:
     seed: int = 0
     # Samples per shard (the article used 10,000).
     shard_size: int = 10_000
+    # Samples per batch. prepare.py cuts shards that must be smaller than shard_size (so that
+    # every loader worker reads its own) in whole batches of it, as train.py does.
+    batch_size: int = 600
     # Where shards are written and read; empty means <data folder>/facebench-shards.
     shards_dir: str = ""
     # A file that is missing, empty or does not decode: raise (stop, naming it) or skip (leave it
@@ -148,7 +151,6 @@ class TrainConfig(CommonConfig):
     model: Model = Model.resnet50
     # Mixed precision of the forward pass.
     amp: Amp = Amp.auto
-    batch_size: int = 600
     epochs: int = 1
     # 0 runs the whole epoch; N stops each epoch after N batches.
     max_batches: int = 0
@@ -209,8 +211,6 @@ def register_configs() -> None:
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="prepare_schema", node=PrepareConfig)
     cs.store(name="advise_schema", node=AdviseConfig)
-    cs.store(group="data", name="data_schema", node=DataConfig)
-    cs.store(group="loader", name="loader_schema", node=LoaderConfig)
 
 
 def typed(cfg: DictConfig) -> Any:

@@ -247,13 +247,15 @@ def test_raw_reads_the_shards_it_opened_even_if_they_are_rebuilt(
     ("n_samples", "shard_size", "readers", "built", "batch", "expected"),
     [
         (6000, 10_000, 1, None, 600, 10_000),  # one reader: the configured size
-        (6000, 10_000, 5, None, 600, 1200),  # 1 shard for 5 workers: 5 of 1,200
-        (6000, 10_000, 10, 1200, 600, 600),  # the set built for 5 is too coarse for 10
+        (6000, 10_000, 5, None, 600, 600),  # 1 shard for 5 workers: 10 of 600, for 10 too
+        (6000, 10_000, 10, 1200, 600, 600),  # a set built for 5 alone is too coarse for 10
         (6000, 10_000, 5, 600, 600, 600),  # the set built for 10 serves 5: reused
         (6000, 500, 5, None, 600, 500),  # 12 shards already
         (6500, 10_000, 10, None, 600, 600),  # whole batches: 11 shards, the last of 500
-        (2400, 10_000, 10, None, 1, 240),  # batch 1: an even cut
+        (2400, 10_000, 10, None, 1, 150),  # batch 1: an even cut, for 16 workers
         (20_000, 10_000, 2, None, 600, 10_000),  # the article's shard_size serves 2 workers
+        (20_000, 10_000, 5, None, 600, 1200),  # 17 shards: 16 workers get one
+        (12_000, 10_000, 20, None, 600, 600),  # more workers than 16: one shard each
     ],
 )
 def test_shard_size_gives_every_worker_a_shard(
@@ -286,13 +288,26 @@ def test_a_run_builds_a_shard_for_each_worker_and_records_the_size(data_copy, tm
     with caplog.at_level(logging.INFO):
         built = ensure_shards(data_copy, folder, "pickle", readers=4, batch_size=8)
     manifest = built.manifest
-    # 120 samples, 4 workers, batch 8: 30 each, in whole batches of 8: 24 (the last shard 24).
-    assert [s.samples for s in manifest.shards] == [24, 24, 24, 24, 24]
-    assert manifest.settings["shard_size"] == 24
-    assert "shards of 24 instead" in caplog.text
+    # 120 samples, batch 8: 15 batches, cut for 15 workers (not only the 4 asked): shards of 8.
+    assert [s.samples for s in manifest.shards] == [8] * 15
+    assert manifest.settings["shard_size"] == 8
+    assert "shards of 8 instead" in caplog.text
     # Fewer workers later: the finer set serves them as it is.
     again = ensure_shards(data_copy, folder, "pickle", readers=2, batch_size=8)
-    assert not again.built and again.manifest.settings["shard_size"] == 24
+    assert not again.built and again.manifest.settings["shard_size"] == 8
     # raw's batches are gathered from every shard by threads: its shard_size stays as asked.
     raw = ensure_shards(data_copy, tmp_path / "raw", "raw", shard_size=10_000, readers=4).manifest
     assert len(raw.shards) == 1
+
+
+def test_prepare_then_the_articles_sweep_builds_nothing(make_cfg, prepare_here, tmp_path, caplog):
+    """The README's flow: python prepare.py, then loader=pickle at 5 and at 10 workers."""
+    prepare_here("format=pickle", f"shards_dir={tmp_path}", "batch_size=8")
+    for workers in (5, 10):
+        caplog.clear()
+        cfg = make_cfg("loader=pickle", f"shards_dir={tmp_path}", f"n_workers={workers}")
+        with caplog.at_level(logging.INFO):
+            metrics = run_training(cfg)
+        assert "prepare_s" not in metrics, caplog.text  # nothing built
+        assert "rebuilding" not in caplog.text and "shards up to date" in caplog.text
+        assert metrics["samples_seen"] == 120  # 15 shards of one batch each: nothing dropped

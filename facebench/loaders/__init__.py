@@ -58,10 +58,11 @@ def register(name: str, spec: LoaderSpec) -> None:
 
 
 def register_schemas() -> None:
-    """Store each loader's options schema as `loader/<name>_schema` for its YAML file to name."""
+    """Store each loader's options schema as `schema/loader/<name>` for its YAML file to name
+    (a group of their own: in `loader`, they would be listed as choices)."""
     store = ConfigStore.instance()
     for name in names():
-        store.store(group="loader", name=f"{name}_schema", node=get(name).options)
+        store.store(group="schema/loader", name=name, node=get(name).options)
 
 
 def context(

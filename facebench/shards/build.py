@@ -25,7 +25,7 @@ from facebench.shards.freshness import resize_of, settings_for, up_to_date
 from facebench.shards.lock import building
 from facebench.shards.manifest import INDEX_SUFFIX, Manifest, OutdatedManifest
 from facebench.shards.owned import Plan
-from facebench.shards.plan import cut, shard_size_for, workers_without_a_batch
+from facebench.shards.plan import SERVED_READERS, cut, shard_size_for, workers_without_a_batch
 from facebench.shards.write import start_or_resume, write_missing, write_whole_set
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def ensure_shards(
     listing: Listing | None = None,
     layout: Layout = FACES,
     resize: int = ARTICLE.resize,
-    readers: int = 1,
+    readers: int | None = 1,
     batch_size: int = 1,
 ) -> ShardSet:
     """The shard set for the data at root, built into folder unless an up-to-date one is there.
@@ -60,7 +60,8 @@ def ensure_shards(
     `listing`: the data as a run already listed and checked it (else listed here, as `layout`
     says). `readers`: the workers (all ranks) that will read the set; formats whose workers read
     whole shards get at least that many (shards/plan.shard_size_for), and each of those
-    workers a whole batch of `batch_size`, or the build is refused with what to change."""
+    workers a whole batch of `batch_size`, or the build is refused with what to change. None
+    (prepare.py, which cannot know): as many as plan.SERVED_READERS, or as the data has batches."""
     with building(folder):
         started = time.perf_counter()  # listing here, when it is done here, counts as prepare_s
         cache = cache or cache_dir()
@@ -77,10 +78,16 @@ def ensure_shards(
 
 
 def _sized_for(
-    folder: Path, n_samples: int, shard_size: int, readers: int, batch_size: int, format_name: str
+    folder: Path,
+    n_samples: int,
+    shard_size: int,
+    readers: int | None,
+    batch_size: int,
+    format_name: str,
 ) -> int:
-    idle = workers_without_a_batch(n_samples, batch_size, readers)
-    if idle:
+    if readers is None:  # prepare.py: it refuses nothing a train.py run may not need
+        readers = max(1, min(SERVED_READERS, n_samples // batch_size))
+    elif idle := workers_without_a_batch(n_samples, batch_size, readers):
         batches = n_samples // batch_size
         fewer = f"n_workers={batches}, or " if batches else ""  # none at all: no worker count
         raise ConfigError(

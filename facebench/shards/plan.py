@@ -13,6 +13,11 @@ from facebench.shards import room
 from facebench.shards.formats import ShardFormat
 
 SHARD_PREFIX = "shard-"
+# When shards must be cut smaller than shard_size so that every worker reads one, they are cut
+# for at least this many workers (as far as the data has batches for them): the worker counts
+# one machine's sweep tries (the article's 5 and 10, up to 16) then share one set, where a set
+# cut for exactly 5 workers would be rebuilt for 10.
+SERVED_READERS = 16
 
 
 @dataclass(frozen=True)
@@ -38,22 +43,25 @@ def shard_size_for(
 ) -> int:
     """The shard size to build with: shard_size, unless that gives fewer shards than `readers`
     (every rank's workers, each reading whole shards of its own and batching them itself); then
-    `built` (the size of the set already in the folder) if it gives each a shard, else the
-    largest whole number of batches per shard that does (so that no worker drops a part-batch
-    it could have filled).
+    `built` (the size of the set already in the folder) if it gives each a shard in whole
+    batches, else the
+    largest whole number of batches per shard that gives a shard to each of SERVED_READERS
+    workers, or to as many as there are batches (so that no worker drops a part-batch it could
+    have filled).
 
-    Reusing a smaller built size means that a sweep over worker counts rebuilds its shards only
-    when the count grows past what they serve. The caller checks first that there are at least
-    as many batches as readers (workers_without_a_batch)."""
+    Cutting for SERVED_READERS and reusing a smaller built size mean that a sweep over worker
+    counts builds its shards once. The caller checks first that there are at least as many
+    batches as readers (workers_without_a_batch)."""
 
     def enough(size: int) -> bool:
         return -(-n_samples // size) >= readers
 
     if readers <= 1 or enough(shard_size):
         return shard_size
-    if built is not None and built <= shard_size and enough(built):
+    if built is not None and built <= shard_size and enough(built) and built % batch_size == 0:
         return built
-    share = n_samples // readers
+    served = max(readers, min(SERVED_READERS, n_samples // batch_size))
+    share = n_samples // served
     return max(1, share // batch_size * batch_size if share >= batch_size else share)
 
 

@@ -42,7 +42,8 @@ def run_prepare(
             cache=cache_dir(cfg.data.cache_dir),
             layout=data_layout(cfg.data),
             resize=cfg.transform.resize,
-            readers=n_procs,  # sized for as many loader workers as it has processes
+            readers=None,  # for whichever worker counts train.py will use (up to 16)
+            batch_size=cfg.batch_size,
         )
     except BaseException as error:
         stop = interruption(error)
