@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import logging
 import os
@@ -19,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from facebench import loaders, parent_death, printable
 from facebench.config import register_configs, typed
 from facebench.errors import FacebenchError, Interrupted, TrackingLost, interruption
+from facebench.paths import PROJECT_ROOT
 
 log = logging.getLogger("facebench")
 T = TypeVar("T")
@@ -35,6 +37,43 @@ def configure() -> None:
     sys.argv = [
         arg.removeprefix("+") if arg.startswith("+experiment=") else arg for arg in sys.argv
     ]
+    unknown = unknown_choice(sys.argv[1:])
+    if unknown:
+        sys.exit(unknown)  # one line on stderr, status 1, before Hydra lists its search path
+
+
+def unknown_choice(args: list[str], conf: Path = PROJECT_ROOT / "conf") -> str | None:
+    """`loader=datapipes`, `data=celeb`, or a sweep's `loader=dataset,datapipes`: the line that
+    names the closest real choice (Hydra's own error lists every file of the group and its
+    search path, and names none). None when every group choice is a file of its group, or
+    when the command adds search paths of its own."""
+    if any(arg.startswith("hydra.searchpath") for arg in args):
+        return None
+    for arg in args:
+        group, sep, values = arg.partition("=")
+        folder = conf / group
+        if not sep or not group.isidentifier() or not folder.is_dir():
+            continue
+        choices = sorted(path.stem for path in folder.glob("*.yaml"))
+        for value in values.split(","):
+            if value in choices or value == "null" or not value.isidentifier():
+                continue  # a sweep's glob(), range() or choice() is Hydra's to read
+            closest = _closest(value, choices)
+            hint = f"; did you mean {group}={closest}?" if closest else ""
+            return (
+                f"{group}={value}: no such choice (conf/{group}/ holds {', '.join(choices)}){hint}"
+            )
+    return None
+
+
+def _closest(value: str, choices: list[str]) -> str | None:
+    """The choice a typo most likely meant: one that starts with it or that it starts with,
+    else the nearest spelling."""
+    for choice in choices:
+        if choice.startswith(value) or value.startswith(choice):
+            return choice
+    found = difflib.get_close_matches(value, choices, n=1, cutoff=0.5)
+    return found[0] if found else None
 
 
 def run_dir() -> str:

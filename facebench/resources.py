@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 
 import psutil
 
@@ -21,6 +22,10 @@ from facebench.errors import ConfigError
 log = logging.getLogger(__name__)
 
 WORKER_OWN_BYTES = 64 * 2**20
+# torch's DataLoader says the same as check_workers' warning, twice per loader (from two lines of
+# its own) and once more for every epoch's loader, with nothing to do about it: check_workers
+# says it once per job, with the worker count that uses every core.
+warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
 _FLOAT_BYTES = 4
 
 

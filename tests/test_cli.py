@@ -138,6 +138,53 @@ def test_bad_value_fails_with_one_clear_line(tmp_path, cache, isolated_env):
 
 
 @pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["loader=datapipes"], "loader=datapipes: no such choice (conf/loader/ holds dali, "),
+        (["loader=datapipes"], "; did you mean loader=datapipe?"),
+        (["data=celeb"], "data=celeb: no such choice (conf/data/ holds celeba_digiface, folder, "),
+        (["data=celeb"], "did you mean data=celeba_digiface?"),
+        (["-m", "n_workers=1", "loader=dataset,pickl"], "did you mean loader=pickle?"),
+        (["experiment=artcle"], "did you mean experiment=article?"),
+        (["loader=zzzzzz"], "loader=zzzzzz: no such choice (conf/loader/ holds dali, "),
+    ],
+)
+def test_an_unknown_choice_names_the_real_ones_and_the_closest(args, says):
+    from facebench.jobs import unknown_choice
+
+    said = unknown_choice(args)
+    assert said is not None and says in said
+    assert "schema" not in said  # the options' schemas are no choices
+    assert "did you mean" not in unknown_choice(["loader=zzzzzz"])
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["loader=raw", "data=folder"],
+        ["-m", "loader=dataset,datapipe,pickle", "n_workers=5,10"],
+        ["experiment=null", "loader=glob(*)", "data.root=/x=y"],
+        ["loader=nope", "hydra.searchpath=[file:///elsewhere]"],  # its choices are not ours
+    ],
+)
+def test_real_choices_pass(args):
+    from facebench.jobs import unknown_choice
+
+    assert unknown_choice(args) is None
+
+
+@pytest.mark.slow
+def test_an_unknown_choice_is_one_line_from_the_command_line(tmp_path, cache, isolated_env):
+    result = train(tmp_path, cache, isolated_env, "loader=datapipes")
+    assert result.returncode == 1
+    choices = ", ".join(sorted(path.stem for path in (PROJECT_ROOT / "conf/loader").glob("*.yaml")))
+    assert result.stderr.strip().splitlines() == [
+        f"loader=datapipes: no such choice (conf/loader/ holds {choices}); did you mean "
+        "loader=datapipe?"
+    ]
+
+
+@pytest.mark.parametrize(
     ("override", "error", "says"),
     [
         ("n_workers=abc", ValidationError, "could not be converted to Integer"),
