@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ import torch
 
 from facebench import loaders, stages
 from facebench.config import TrainConfig
-from facebench.data.job_data import prepare_data
+from facebench.data.job_data import JobData, prepare_data
 from facebench.data.records import LabelSpace
 from facebench.distributed import World, barrier
 from facebench.errors import Interrupted, TrackingLost, interruption
@@ -50,11 +51,13 @@ def run_training(
     # Only rank 0 records anything; the other ranks train and report their metrics to it.
     output_dir = output_dir if job.world.is_main else None
     tracker = Tracker(enabled=cfg.tracking and job.world.is_main, kept_in=output_dir)
+    tracker.check_store()  # in seconds, before any long work
     results = JobResults(job.name(cfg), job.params(cfg), job.tags(sweep_id), multirun=multirun)
     results.tags["job_id"] = results.job_id  # how facebench.upload finds this run again
     try:
+        ready = _get_ready(cfg, job, results)
         with tracker.run(results.run_name, results.params, results.tags, system_metrics=True):
-            _run_recorded(cfg, job, tracker, results, output_dir)
+            _run_recorded(cfg, job, tracker, results, output_dir, ready)
     finally:
         # Written again: the store may have failed after the copy MLflow took, or at the end.
         results.end_time_ms = now_ms()
@@ -75,8 +78,49 @@ def run_training(
     return results.metrics
 
 
+@dataclass(frozen=True)
+class _Ready:
+    """A job that nothing refused: its data listed and checked, its loader prepared."""
+
+    data: JobData
+    loader: LoaderSpec
+    ctx: LoaderContext
+
+
+def _get_ready(cfg: TrainConfig, job: Job, results: JobResults) -> _Ready:
+    """Everything that can refuse the run on its config, data or resources, before its MLflow
+    run opens (a typo in data.root leaves no FAILED run behind): the data listed and checked,
+    the loader's library, its shards built, its workers held against the memory."""
+    try:
+        _seed_everything(cfg.seed)
+        data = prepare_data(cfg, job.world)
+        results.metrics.update(data.metrics())
+        loader = loaders.get(cfg.loader.name)
+        ctx = loaders.context(cfg, loader, data.listing, job.device, job.world)
+        results.metrics.update(prepare_loader(cfg, loader, ctx, job.world))
+    except BaseException as error:
+        stop = interruption(error)
+        if stop is None:
+            raise
+        results.status = "KILLED"
+        outcome = f"stopped before run {results.run_name} began; shards built so far are kept"
+        raise Interrupted.of(stop, outcome) from error
+    if "shard_size_used" in results.metrics:  # beside shard_size, which it may be smaller than
+        results.params["shard_size_used"] = int(results.metrics["shard_size_used"])
+    # The runs view's column: which data, how much.
+    results.tags["data_set"] = data_label(cfg, ctx.data_root, len(ctx.records))
+    if data.listing.labels.classes:  # folder data: which class each label index stands for
+        results.classes = data.listing.labels.class_map()
+    return _Ready(data, loader, ctx)
+
+
 def _run_recorded(
-    cfg: TrainConfig, job: Job, tracker: Tracker, results: JobResults, output_dir: Path | None
+    cfg: TrainConfig,
+    job: Job,
+    tracker: Tracker,
+    results: JobResults,
+    output_dir: Path | None,
+    ready: _Ready,
 ) -> None:
     """The job inside its MLflow run: results.json written however it ends, then logged."""
     results.run_id = tracker.run_id or ""
@@ -84,7 +128,7 @@ def _run_recorded(
         results.tracking = TRACKING_LOGGED
     _where_to_compare(tracker, results)
     try:
-        _run(cfg, job, tracker, results)
+        _run(cfg, job, tracker, results, ready)
         results.status = "FINISHED"
     except BaseException as error:
         stop = interruption(error)
@@ -117,24 +161,11 @@ def _where_to_compare(tracker: Tracker, results: JobResults) -> None:
     results.compare_url, results.ui_command = url or "", ui_command(tracking_uri())
 
 
-def _run(cfg: TrainConfig, job: Job, tracker: Tracker, results: JobResults) -> None:
-    _seed_everything(cfg.seed)
-    data = prepare_data(cfg, job.world)
-    metrics = results.metrics
-    metrics.update(data.metrics())
-    labels = data.listing.labels
-    if labels.classes:  # folder data: which class each label index stands for
-        results.classes = labels.class_map()
+def _run(cfg: TrainConfig, job: Job, tracker: Tracker, results: JobResults, ready: _Ready) -> None:
+    data, loader, ctx = ready.data, ready.loader, ready.ctx
+    metrics, labels = results.metrics, data.listing.labels
+    if results.classes:
         tracker.log_dict(results.classes, "classes.json")
-    loader = loaders.get(cfg.loader.name)
-    ctx = loaders.context(cfg, loader, data.listing, job.device, job.world)
-    metrics.update(prepare_loader(cfg, loader, ctx, job.world))
-    if "shard_size_used" in metrics:  # beside shard_size, which it may be smaller than
-        results.params["shard_size_used"] = int(metrics["shard_size_used"])
-        tracker.log_params({"shard_size_used": results.params["shard_size_used"]})
-    data_set = data_label(cfg, ctx.data_root, len(ctx.records))
-    results.tags["data_set"] = data_set  # the runs view's column: which data, how much
-    tracker.set_tags({"data_set": data_set})
     trainer = trainer_for(cfg, job, labels)
     log.info(
         "data %s (%d samples, %d classes), loader=%s, model=%s%s, %s on %s, cache=%s",

@@ -135,6 +135,14 @@ class Tracker:
         self.run_name = ""
         self.lost: str | None = None
 
+    def check_store(self) -> None:
+        """A store that cannot be used stops the job now, in seconds, in one line (MLflow would
+        retry it for minutes): called before a job's long work, and again as its run opens."""
+        if self.enabled:
+            uri = tracking_uri()
+            check_server(uri)
+            check_writable_store(uri)
+
     @contextmanager
     def run(
         self,
@@ -152,9 +160,8 @@ class Tracker:
             return
         import mlflow
 
+        self.check_store()
         uri = tracking_uri()
-        check_server(uri)
-        check_writable_store(uri)
         with bounded_http_retries(), self._started(mlflow, uri, name, tags, system_metrics):
             self.log_params(params)
             yield self

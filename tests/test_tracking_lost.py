@@ -294,3 +294,33 @@ def test_a_server_that_stops_mid_epoch_loses_nothing(tmp_path, cache, isolated_e
     [again] = client.search_runs(["1"])
     assert again.data.metrics == run.data.metrics
     assert len(client.get_metric_history(run.info.run_id, "images_per_s")) == history == 4
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (("data=folder", "data.root=/nonexistent/faces"), "/nonexistent/faces"),
+        (("n_workers=100000",), "n_workers=100000: 100000 workers of loader=dataset need"),
+        (("loader=litdata",), "loader=litdata needs litdata, which is not installed"),
+    ],
+)
+def test_a_run_refused_on_its_data_or_resources_leaves_no_run(
+    make_cfg, tmp_path, store, monkeypatch, overrides, says
+):
+    """A typo, a worker count the memory cannot hold, a library not installed: refused before
+    an MLflow run opens, so the store holds no FAILED run named like the user's real one."""
+    from importlib import util
+
+    from facebench.errors import FacebenchError
+
+    find_spec = util.find_spec
+    monkeypatch.setattr(  # as if the litdata extra were not installed
+        util, "find_spec", lambda name, *a: None if name == "litdata" else find_spec(name, *a)
+    )
+    with pytest.raises(FacebenchError, match=says):
+        run_training(make_cfg("tracking=true", *overrides), output_dir=tmp_path / "out")
+    client = MlflowClient(store)
+    experiment = client.get_experiment_by_name("facebench")
+    assert experiment is None or client.search_runs([experiment.experiment_id]) == []
+    results = JobResults.read(tmp_path / "out" / "results.json")
+    assert (results.status, results.tracking, results.run_id) == ("FAILED", "off", "")
