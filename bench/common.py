@@ -111,18 +111,19 @@ def stamp() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-# Where each image's time went (facebench/stages.py): the workers' stages, their CPU time, and
-# the stages over the CPU time (near 1: the stages account for it; above: the workers waited).
-STAGE_HEADER = [*(f"{name} us" for name in WORKER_STAGES), "worker CPU us", "stages / CPU"]
+# Where each image's time went (facebench/stages.py): the workers' CPU time in each stage, the
+# time they waited inside the stages (for a core or storage), and their whole CPU time (the
+# stages' share of it: the rest is start-up, the loader's bookkeeping, handing batches over).
+STAGE_HEADER = [*(f"{name} CPU us" for name in WORKER_STAGES), "waited us", "worker CPU us"]
 
 
 def stage_cells(metrics: dict[str, float]) -> list[str]:
     """A run's STAGE_HEADER cells; "-" where its loader's stages are not broken down."""
     if "stage_worker_us" not in metrics:
         return ["-"] * len(STAGE_HEADER)
-    cells = [f"{metrics.get(f'stage_{name}_us', 0.0):,.0f}" for name in WORKER_STAGES]
+    cells = [f"{metrics.get(f'stage_{name}_cpu_us', 0.0):,.0f}" for name in WORKER_STAGES]
+    cells.append(f"{metrics.get('stage_waited_us', 0.0):,.0f}")
     cells.append(f"{metrics.get('stage_worker_cpu_us', 0.0):,.0f}")
-    cells.append(f"{metrics.get('stage_worker_coverage', 0.0):.2f}")
     return cells
 
 

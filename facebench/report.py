@@ -61,8 +61,11 @@ class Cell:
     epoch_s: float
     images_per_s: float
     repeats: int
-    # Worker time per image by stage (us, summed over workers), where the run measured it.
+    # The workers' CPU time per image by stage (us, summed over workers), where the run
+    # measured it (wall time, for runs made before CPU time was measured).
     stages: dict[str, float] = field(default_factory=dict)
+    # Wall time per image inside the stages beyond their CPU time: waiting for a core or storage.
+    waited_us: float | None = None
     # Samples per shard the run read, for loaders whose workers read shards of their own (it
     # may be below shard_size: shards are cut so that every worker has one).
     shard_size_used: int | None = None
@@ -108,6 +111,7 @@ def tables(runs) -> dict[Settings, Table]:
             images_per_s=_metric(run, "images_per_s"),
             repeats=int(run.data.metrics.get("measured_epochs", 1)),
             stages=_stages(run.data.metrics),
+            waited_us=run.data.metrics.get("stage_waited_us"),
             shard_size_used=_shard_size_used(run.data.metrics),
         )
         column = _column(params, varying.get(params["loader"], ()))
@@ -128,7 +132,11 @@ def _shard_size_used(metrics: dict[str, float]) -> int | None:
 
 
 def _stages(metrics: dict[str, float]) -> dict[str, float]:
-    found = {name: metrics.get(f"stage_{name}_us") for name in WORKER_STAGES}
+    cpu = any(f"stage_{name}_cpu_us" in metrics for name in WORKER_STAGES)
+    found = {
+        name: metrics.get(f"stage_{name}_cpu_us" if cpu else f"stage_{name}_us")
+        for name in WORKER_STAGES
+    }
     return {name: us for name, us in found.items() if us is not None}
 
 
@@ -237,11 +245,12 @@ def _render_stages(table: Table) -> list[str]:
         return []
     lines = [
         "",
-        "Where each image's time went, in microseconds per image summed over the workers "
-        "(each run's last epoch; the costliest stage in bold):",
+        "Where each image's time went: the workers' CPU time per image in each stage, in "
+        "microseconds summed over the workers (each run's last epoch; the costliest stage in "
+        "bold), and the time they waited inside the stages for a core or storage:",
         "",
-        "| loader | n workers | " + " | ".join(WORKER_STAGES) + " |",
-        "|" + "---|" * (len(WORKER_STAGES) + 2),
+        "| loader | n workers | " + " | ".join(WORKER_STAGES) + " | waited |",
+        "|" + "---|" * (len(WORKER_STAGES) + 3),
     ]
     for loader, workers, cell in rows:
         top = max(cell.stages, key=cell.stages.__getitem__)
@@ -249,7 +258,8 @@ def _render_stages(table: Table) -> list[str]:
             (f"**{us:,.0f}**" if name == top else f"{us:,.0f}")
             for name, us in ((name, cell.stages.get(name, 0.0)) for name in WORKER_STAGES)
         ]
-        lines.append(f"| {loader} | {workers} | " + " | ".join(values) + " |")
+        waited = f"{cell.waited_us:,.0f}" if cell.waited_us is not None else "-"
+        lines.append(f"| {loader} | {workers} | " + " | ".join([*values, waited]) + " |")
     return lines
 
 

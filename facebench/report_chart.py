@@ -72,7 +72,9 @@ def _panel(axis, table: Table, heading: str) -> None:
 
 
 def _stage_panel(axis, table: Table) -> None:
-    """One stacked bar per row: the workers' time per image, by stage, beside the row's rate."""
+    """One stacked bar per row beside the row's rate: the workers' CPU time per image, by
+    stage, labelled with its total; then, apart and hatched, the time they waited inside the
+    stages (for a core or storage), which is not a cost of the loader's work."""
     rows = _rows(table)
     positions = list(range(len(rows)))[::-1]
     left = [0.0] * len(rows)
@@ -80,16 +82,33 @@ def _stage_panel(axis, table: Table) -> None:
         widths = [cell.stages.get(name, 0.0) for _, _, cell in rows]
         axis.barh(positions, widths, left=left, color=STAGE_COLOURS[name], label=name)
         left = [start + width for start, width in zip(left, widths, strict=True)]
-    for position, total, (_, _, cell) in zip(positions, left, rows, strict=True):
+    cpu = list(left)
+    waited = [cell.waited_us or 0.0 for _, _, cell in rows]
+    axis.barh(
+        positions,
+        waited,
+        left=left,
+        color="white",
+        edgecolor="#999999",
+        hatch="///",
+        label="waited",
+        linewidth=0.5,
+    )
+    left = [start + width for start, width in zip(left, waited, strict=True)]
+    for position, total, end, (_, _, cell) in zip(positions, cpu, left, rows, strict=True):
         text = f" {total:,.0f}" if cell.stages else " not broken down"
-        axis.text(total, position, text, va="center", fontsize=8)
+        axis.text(end, position, text, va="center", fontsize=8)
     axis.set_yticks(positions, [""] * len(rows))
     axis.set_xlim(0, 1.25 * max(left, default=0) or 1)
-    axis.set_xlabel("workers' time per image, us (summed over workers)")
+    axis.set_xlabel(
+        "workers' CPU time per image, us (summed over workers; the number: its total); "
+        "hatched: waiting inside the stages",
+        fontsize=8,
+    )
     axis.xaxis.set_major_formatter("{x:,.0f}")
-    axis.set_title("Time per image, by stage", fontsize=9, loc="left")
+    axis.set_title("CPU time per image, by stage", fontsize=9, loc="left")
     # Above the bars, right of the title: inside, it would cover the last row's bar.
-    axis.legend(fontsize=8, ncols=4, loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    axis.legend(fontsize=8, ncols=5, loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False)
 
 
 def chart(grouped: dict[Settings, Table], path: Path, with_article: bool) -> None:

@@ -9,16 +9,20 @@ torchdata.nodes workers, LitData's workers, or the loop's own thread with n_work
     transform  resize, crop, to-tensor, normalize, on the host
     collate    assembling the batch
 
-Each is wall-clock time (`perf_counter_ns`, about 40 ns a call), added to a tally of the thread
-doing it: no lock, no shared counter. When a batch is assembled, `take` empties the tally of the
-thread that assembled it into a `StageTimes` that travels inside the Batch (a few numbers,
-pickled with it), together with the CPU time its producer used since its previous batch: the
-whole process's for a worker process (it started at 0 when the process was forked), the thread's
-own in the main process. Work done before the first batch (a DataPipe's listing, say) lands in
-the first batch's share; a stage that works for several batches at once (a pickle shard's read)
-lands in the batch that follows it. Summed over every batch the loop received, the stages are
-the workers' time and the CPU time what the workers used for it; where the two differ, workers
-waited inside a stage (storage, or more workers than cores) or worked outside every stage.
+Each is timed twice: in wall-clock time (`perf_counter_ns`) and in the CPU time of the thread
+doing it (`thread_time_ns`); the two readings cost about 0.3 us. CPU time is what a stage
+costs; wall time beyond it is time the stage waited inside: for a core (more workers than
+cores, or other work on the machine) or for storage. With 5 workers on 2 cores a stage's wall
+time is mostly waiting, so CPU time is what tells loaders apart, and is what the log, the report
+and advise speak of first. Both are added to a tally of the thread doing the work: no lock, no
+shared counter. When a batch is assembled, `take` empties the tally of the thread that assembled
+it into a `StageTimes` that travels inside the Batch (a few numbers, pickled with it), together
+with the CPU time its producer used since its previous batch: the whole process's for a worker
+process (it started at 0 when the process was forked), the thread's own in the main process.
+Work done before the first batch (a DataPipe's listing, say) lands in the first batch's share; a
+stage that works for several batches at once (a pickle shard's read) lands in the batch that
+follows it. Summed over every batch the loop received, the stages' CPU time is the part of the
+workers' CPU time spent in stages (the rest: start-up, the loader's own bookkeeping).
 
 Main side, in the loop's thread (facebench/epoch.py), from the start of the epoch to its end:
 
@@ -45,25 +49,33 @@ WORKER_STAGES = ("read", "decode", "transform", "collate")
 READ, DECODE, TRANSFORM, COLLATE = range(len(WORKER_STAGES))
 MAIN_STAGES = ("wait", "handover", "finish", "step")
 
-now = time.perf_counter_ns  # the clock every stage is timed with
 T = TypeVar("T")
+Mark = tuple[int, int]  # a moment: (wall-clock ns, this thread's CPU ns)
+_OFF: Mark = (0, 0)
+
+
+def now() -> Mark:
+    """The moment a stage starts, for `lap` (two clock readings; none when timing is off)."""
+    return (time.perf_counter_ns(), time.thread_time_ns()) if _enabled else _OFF
 
 
 @dataclass(frozen=True, slots=True)
 class StageTimes:
-    """One batch's worker-side stage times (ns), what its producer used in CPU time since its
-    previous batch (ns), and who produced it (pid, thread id)."""
+    """One batch's worker-side stage times (ns): wall clock and the threads' CPU time; what its
+    producer used in CPU time since its previous batch (ns); who produced it (pid, thread id)."""
 
     ns: tuple[int, ...]
+    stage_cpu_ns: tuple[int, ...]
     cpu_ns: int
     producer: tuple[int, int]
 
 
 class _Tally:
-    __slots__ = ("ns", "cpu_mark")
+    __slots__ = ("ns", "stage_cpu", "cpu_mark")
 
     def __init__(self, cpu_mark: int) -> None:
         self.ns = [0] * len(WORKER_STAGES)
+        self.stage_cpu = [0] * len(WORKER_STAGES)
         self.cpu_mark = cpu_mark
 
 
@@ -98,11 +110,15 @@ def _tally() -> _Tally:
         return tally
 
 
-def lap(stage: int, since: int) -> int:
-    """Add the time since `since` (a `now()` reading) to `stage`; return the time now."""
-    t = now()
-    if _enabled:
-        _tally().ns[stage] += t - since
+def lap(stage: int, since: Mark) -> Mark:
+    """Add the time since `since` (a `now()` or `lap()` reading of this thread) to `stage`;
+    return the moment now, where the next stage starts."""
+    if not _enabled:
+        return _OFF
+    t = (time.perf_counter_ns(), time.thread_time_ns())
+    tally = _tally()
+    tally.ns[stage] += t[0] - since[0]
+    tally.stage_cpu[stage] += max(0, t[1] - since[1])
     return t
 
 
@@ -113,8 +129,14 @@ def take() -> StageTimes | None:
         return None
     tally = _tally()
     cpu = _cpu_clock()
-    times = StageTimes(tuple(tally.ns), cpu - tally.cpu_mark, (os.getpid(), threading.get_ident()))
+    times = StageTimes(
+        tuple(tally.ns),
+        tuple(tally.stage_cpu),
+        cpu - tally.cpu_mark,
+        (os.getpid(), threading.get_ident()),
+    )
     tally.ns = [0] * len(WORKER_STAGES)
+    tally.stage_cpu = [0] * len(WORKER_STAGES)
     tally.cpu_mark = cpu
     return times
 
@@ -159,6 +181,7 @@ class StageTotals:
     main side from the loop's own clock (seconds)."""
 
     worker_ns: list[int] = field(default_factory=lambda: [0] * len(WORKER_STAGES))
+    stage_cpu_ns: list[int] = field(default_factory=lambda: [0] * len(WORKER_STAGES))
     worker_cpu_ns: int = 0
     timed_batches: int = 0
     main_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(MAIN_STAGES, 0.0))
@@ -167,23 +190,31 @@ class StageTotals:
     def add_batch(self, times: StageTimes | None) -> None:
         if times is None:
             return
-        for index, ns in enumerate(times.ns):
+        for index, (ns, cpu) in enumerate(zip(times.ns, times.stage_cpu_ns, strict=True)):
             self.worker_ns[index] += ns
+            self.stage_cpu_ns[index] += cpu
         self.worker_cpu_ns += times.cpu_ns
         self.timed_batches += 1
 
     def metrics(self, images: int, epoch_time_s: float) -> dict[str, float]:
-        """stage_<name>_us (per image) and stage_<name>_frac for every stage; the worker side
-        only where batches carried stage times (a loader that has none is not broken down)."""
+        """Per image, for every worker stage: stage_<name>_cpu_us (CPU time) and its share of
+        the stages' CPU time (stage_<name>_cpu_frac), stage_<name>_us (wall time) and its share
+        (stage_<name>_frac); stage_waited_us, wall time in stages beyond their CPU time. The
+        worker side only where batches carried stage times (a loader that has none is not
+        broken down). For the loop's stages, wall time and its share of the epoch."""
         if not self.enabled or images <= 0 or epoch_time_s <= 0:
             return {}
         metrics: dict[str, float] = {}
-        worker_total = sum(self.worker_ns)
+        worker_total, cpu_total = sum(self.worker_ns), sum(self.stage_cpu_ns)
         if self.timed_batches and worker_total > 0:
-            for name, ns in zip(WORKER_STAGES, self.worker_ns, strict=True):
+            for name, ns, cpu in zip(WORKER_STAGES, self.worker_ns, self.stage_cpu_ns, strict=True):
                 metrics[f"stage_{name}_us"] = ns / 1e3 / images
                 metrics[f"stage_{name}_frac"] = ns / worker_total
+                metrics[f"stage_{name}_cpu_us"] = cpu / 1e3 / images
+                if cpu_total > 0:
+                    metrics[f"stage_{name}_cpu_frac"] = cpu / cpu_total
             metrics["stage_worker_us"] = worker_total / 1e3 / images
+            metrics["stage_waited_us"] = max(0, worker_total - cpu_total) / 1e3 / images
             metrics["stage_worker_cpu_us"] = self.worker_cpu_ns / 1e3 / images
             if self.worker_cpu_ns > 0:
                 metrics["stage_worker_coverage"] = worker_total / self.worker_cpu_ns
@@ -195,28 +226,38 @@ class StageTotals:
 
 
 def dominant(metrics: Mapping[str, float]) -> str | None:
-    """The worker stage that costs most per image, or None where there is no breakdown."""
-    shares = {name: metrics.get(f"stage_{name}_frac") for name in WORKER_STAGES}
+    """The worker stage that costs most CPU time per image (wall time, from runs that did not
+    measure CPU time), or None where there is no breakdown."""
+    kind = "cpu_frac" if any(f"stage_{n}_cpu_frac" in metrics for n in WORKER_STAGES) else "frac"
+    shares = {name: metrics.get(f"stage_{name}_{kind}") for name in WORKER_STAGES}
     known = {name: share for name, share in shares.items() if share is not None}
     return max(known, key=known.__getitem__) if known else None
 
 
 def dominant_label(metrics: Mapping[str, float]) -> str | None:
-    """The costliest worker stage and its share of the workers' time, as "decode 53%"."""
+    """The costliest worker stage and its share of the stages' CPU time, as "decode 53%"."""
     name = dominant(metrics)
-    return f"{name} {metrics[f'stage_{name}_frac']:.0%}" if name else None
+    if name is None:
+        return None
+    share = metrics.get(f"stage_{name}_cpu_frac", metrics[f"stage_{name}_frac"])
+    return f"{name} {share:.0%}"
 
 
 def describe(metrics: Mapping[str, float]) -> str | None:
-    """One log line: each stage's time per image, the workers' then the loop's."""
+    """One log line: each worker stage's CPU time per image, and the wait inside them, then
+    the loop's time."""
     if "stage_main_coverage" not in metrics:
         return None
     loop = ", ".join(f"{name} {metrics[f'stage_{name}_frac']:.0%}" for name in MAIN_STAGES)
     if dominant(metrics) is None:
         return f"stages: workers not broken down; the loop's time: {loop}"
-    worker = ", ".join(f"{name} {metrics[f'stage_{name}_us']:,.0f} us" for name in WORKER_STAGES)
+    worker = ", ".join(
+        f"{name} {metrics.get(f'stage_{name}_cpu_us', 0.0):,.0f} us" for name in WORKER_STAGES
+    )
     cpu = metrics.get("stage_worker_cpu_us", 0.0)
+    waited = metrics.get("stage_waited_us", 0.0)
     return (
-        f"stages per image, summed over workers: {worker} (CPU time {cpu:,.0f} us); "
+        f"stages per image, CPU time summed over workers: {worker} (the workers' CPU time "
+        f"{cpu:,.0f} us); inside them, waiting for a core or storage: {waited:,.0f} us; "
         f"the loop's time: {loop}"
     )

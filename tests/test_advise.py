@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -126,16 +127,68 @@ def test_advise_is_a_hydra_app_that_shows_its_keys():
 
 
 def test_why_not_names_the_costly_stage_and_a_loader_that_pays_less_for_it():
-    decoding = {"stage_read_us": 40.0, "stage_decode_us": 640.0, "stage_transform_us": 300.0}
-    decoding |= {"stage_read_frac": 0.04, "stage_decode_frac": 0.64, "stage_transform_frac": 0.3}
+    # CPU time decides, not wall time: here the workers waited longest inside transform (more
+    # workers than cores), but decode is what their work costs.
+    decoding = {"stage_read_us": 50.0, "stage_decode_us": 700.0, "stage_transform_us": 900.0}
+    decoding |= {"stage_read_cpu_us": 40.0, "stage_decode_cpu_us": 640.0}
+    decoding |= {"stage_transform_cpu_us": 300.0, "stage_read_cpu_frac": 0.04}
+    decoding |= {"stage_decode_cpu_frac": 0.64, "stage_transform_cpu_frac": 0.3}
+    decoding |= {"stage_read_frac": 0.03, "stage_decode_frac": 0.42, "stage_transform_frac": 0.55}
     slow = Measured("dataset", rates={1: 100.0, 2: 200.0}, stages={2: decoding})
-    pre_decoded = {"stage_read_us": 20.0, "stage_decode_us": 0.0, "stage_read_frac": 0.95}
+    pre_decoded = {"stage_read_cpu_us": 20.0, "stage_decode_cpu_us": 0.0}
+    pre_decoded |= {"stage_read_cpu_frac": 0.95, "stage_decode_cpu_frac": 0.0}
     fast = Measured("raw", rates={1: 5000.0}, stages={1: pre_decoded})
     why = shortfall(slow, ceiling=1000.0, cores=2, others=[slow, fast])
     assert why.endswith(
-        "decode: 64% of worker time per image; loader=raw spends 0 us per image there "
-        "(this one 640)"
+        "decode: 64% of the workers' CPU time per image; loader=raw spends 0 us per image "
+        "there (this one 640)"
     )
     # Nothing measured pays less for it: the stage alone is named.
     alone = shortfall(slow, ceiling=1000.0, cores=2, others=[slow])
-    assert alone.endswith("decode: 64% of worker time per image")
+    assert alone.endswith("decode: 64% of the workers' CPU time per image")
+
+
+class _Steps:
+    """A trainer whose steps take `per_image` seconds an image, the first two of each batch
+    size `first` times longer (allocation and kernel choice), and every other timed step
+    `jitter` times longer (other work on the machine)."""
+
+    def __init__(self, per_image: float, first: float = 3.0, jitter: float = 1.0) -> None:
+        self.per_image, self.first, self.jitter = per_image, first, jitter
+        self.calls: dict[int, int] = {}
+        self.model = None
+
+    def step(self, images, labels) -> None:
+        n = len(images)
+        self.calls[n] = self.calls.get(n, 0) + 1
+        factor = self.first if self.calls[n] <= 2 else self.jitter if self.calls[n] % 2 else 1.0
+        time.sleep(self.per_image * n * factor)
+
+
+def _ceiling(make_cfg, monkeypatch, trainer: _Steps, seconds: float):
+    from facebench.advise import ceiling
+    from facebench.data.job_data import prepare_data
+    from facebench.job import Job
+
+    monkeypatch.setattr(ceiling, "trainer_for", lambda *args: trainer)
+    cfg = make_cfg("model=resnet18", "amp=off", "batch_size=100", config_name="advise")
+    job = Job.start(cfg)
+    return ceiling.measure_ceiling(cfg, job, prepare_data(cfg, job.world), seconds)
+
+
+def test_the_ceiling_leaves_warm_up_steps_out_and_takes_the_median(make_cfg, monkeypatch):
+    # 1 ms an image: 1,000 images/s. The probe (8 images a step) says that the warm-up and
+    # five steps of 100 would not fit in what is left of 0.6 s; of 64 they do. Counted with
+    # its slow first steps, the rate would be far lower.
+    measured = _ceiling(make_cfg, monkeypatch, _Steps(0.001), seconds=0.6)
+    assert measured.batch_size == 64 and measured.smaller_batch
+    assert measured.images_per_s == pytest.approx(1000, rel=0.1)
+    assert measured.steps >= 5 and not measured.noisy
+    assert "measured with batch_size=64, not 100" in measured.note()
+    assert "noisy" not in measured.note()
+
+
+def test_a_ceiling_whose_steps_disagree_is_called_noisy(make_cfg, monkeypatch):
+    measured = _ceiling(make_cfg, monkeypatch, _Steps(0.0005, jitter=2.0), seconds=2.0)
+    assert measured.noisy and measured.spread >= 0.4  # steps of 1x and 2x
+    assert f"a noisy measurement: its {measured.steps} timed steps differed by" in measured.note()

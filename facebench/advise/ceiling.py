@@ -1,31 +1,42 @@
 """The compute ceiling: the model training on one batch made once on the device, in a budget.
 
 One training step of ResNet-50 on 600 images takes well under a second on a GPU but half a
-minute on a 2-core CPU, so the steps needed for a steady rate (a warm-up step and three more) can
-take longer than advise's whole budget there. A few steps on a small batch come first: they say
-how long a step of the asked batch would take, and the ceiling is then measured with the asked
-batch if its steps fit in the time left, or with the largest batch (a power of two) that does.
+minute on a 2-core CPU, so the steps needed for a steady rate can take longer than advise's whole
+budget there. A few steps on a small batch come first: they say how long a step of the asked
+batch would take, and the ceiling is then measured with the asked batch if its steps fit in the
+time left, or with the largest batch (a power of two) that does.
+
+Each measurement leaves its first steps out (the allocator and the kernels are chosen on the
+first steps of every new shape: on a CPU the first step of a new batch size took 3-10 times
+the others), then times each step on its own and takes the median, over at least MIN_STEPS
+steps and MIN_SECONDS. Where the timed steps disagree (other work on the machine), the answer
+says the measurement was noisy.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass, replace
 
 from facebench import loaders
 from facebench.advise.measure import with_loader
-from facebench.config import AdviseConfig, TrainConfig
+from facebench.config import AdviseConfig
 from facebench.data.job_data import JobData
-from facebench.epoch import EpochSettings, run_epoch
+from facebench.device import synchronize
 from facebench.job import Job
 from facebench.loaders import synthetic
+from facebench.loaders.base import LoaderContext
 from facebench.runner import trainer_for
 from facebench.training import Trainer
 
 PROBE_BATCH = 8  # images per step while timing one step
-PROBE_STEPS = 2  # the first warms up (allocation, kernel choice); the second is timed
-STEPS = 4  # a warm-up step and three timed ones: the fewest that give a steady rate
-_UNTIL_TIME_LIMIT = 10**9  # steps: the time limit ends the measurement
+WARMUP_STEPS = 2  # of every batch size, left out: allocation, kernel choice
+PROBE_STEPS = 3  # timed steps of the probe batch
+MIN_STEPS = 5  # timed steps of the measured batch, at least,
+MIN_SECONDS = 3.0  # for at least this long, where the budget allows
+# Timed steps whose spread ((slowest - fastest) / median) is above this: a noisy measurement.
+NOISY_SPREAD = 0.25
 CEILING = loaders.get("synthetic")
 
 
@@ -35,19 +46,33 @@ class Ceiling:
     batch_size: int  # the batch it was measured with
     asked_batch_size: int  # the batch the user asked for
     seconds: float  # time spent measuring it
+    steps: int = 0  # timed steps the rate is the median of
+    spread: float = 0.0  # (slowest - fastest) / median of those steps
 
     @property
     def smaller_batch(self) -> bool:
         return self.batch_size < self.asked_batch_size
 
+    @property
+    def noisy(self) -> bool:
+        return self.spread > NOISY_SPREAD
+
     def note(self) -> str:
-        """How it was measured, when not with the batch asked for."""
-        if not self.smaller_batch:
-            return ""
-        return (
-            f" (measured with batch_size={self.batch_size}, not {self.asked_batch_size}: a "
-            "step of the asked batch would not fit advise's share of budget_s for it)"
-        )
+        """How it was measured, where that matters: a smaller batch than asked, steps that
+        disagreed."""
+        notes = []
+        if self.smaller_batch:
+            notes.append(
+                f"measured with batch_size={self.batch_size}, not {self.asked_batch_size}: a "
+                "step of the asked batch would not fit advise's share of budget_s for it"
+            )
+        if self.noisy:
+            notes.append(
+                f"a noisy measurement: its {self.steps} timed steps differed by "
+                f"{self.spread:.0%} of their median (other work on the machine?); measure "
+                "again when the machine is quiet"
+            )
+        return f" ({'; '.join(notes)})" if notes else ""
 
 
 def measure_ceiling(cfg: AdviseConfig, job: Job, data: JobData, seconds: float) -> Ceiling:
@@ -55,16 +80,29 @@ def measure_ceiling(cfg: AdviseConfig, job: Job, data: JobData, seconds: float) 
     started = time.perf_counter()
     cfg = with_loader(cfg, "synthetic")
     trainer = trainer_for(cfg, job, data.listing.labels)
+    assert trainer is not None  # advise refuses model=none
+    ctx = loaders.context(cfg, CEILING, data.listing, job.device)
     asked = cfg.batch_size
     probe = min(asked, PROBE_BATCH)
-    rate = _steps(cfg, job, data, trainer, probe, PROBE_STEPS)
+    steps = _step_times(trainer, replace(ctx, batch_size=probe), PROBE_STEPS, 0.0)
     left = seconds - (time.perf_counter() - started)
-    batch = _fitting_batch(asked, rate * left / STEPS)
+    per_image = statistics.median(steps) / probe
+    batch = _fitting_batch(asked, left / ((WARMUP_STEPS + MIN_STEPS) * per_image))
     if batch > probe:
-        rate = _steps(cfg, job, data, trainer, batch, _UNTIL_TIME_LIMIT, max(left, 0.0))
+        warmup_s = WARMUP_STEPS * per_image * batch
+        timed_s = max(0.0, min(MIN_SECONDS, left - warmup_s))  # what the budget allows of it
+        steps = _step_times(trainer, replace(ctx, batch_size=batch), MIN_STEPS, timed_s)
     else:
         batch = probe
-    return Ceiling(rate, batch, asked, time.perf_counter() - started)
+    median = statistics.median(steps)
+    return Ceiling(
+        batch / median,
+        batch,
+        asked,
+        time.perf_counter() - started,
+        steps=len(steps),
+        spread=(max(steps) - min(steps)) / median,
+    )
 
 
 def _fitting_batch(asked: int, fits: float) -> int:
@@ -78,21 +116,20 @@ def _fitting_batch(asked: int, fits: float) -> int:
     return batch
 
 
-def _steps(
-    cfg: TrainConfig,
-    job: Job,
-    data: JobData,
-    trainer: Trainer | None,
-    batch: int,
-    n_steps: int,
-    time_limit_s: float = 0.0,
-) -> float:
-    """Images per second of n_steps training steps (or as many as time_limit_s allows) on one
-    synthetic batch of this size, however small the data set is."""
-    ctx = loaders.context(cfg, CEILING, data.listing, job.device)
-    ctx = replace(ctx, batch_size=batch)
-    settings = EpochSettings(
-        job.device, sample_hz=0, time_limit_s=time_limit_s, geometry=ctx.geometry
-    )
-    result = run_epoch(lambda: replace(synthetic.build(ctx), n_batches=n_steps), trainer, settings)
-    return result.times.steady_images_per_s
+def _step_times(
+    trainer: Trainer, ctx: LoaderContext, min_steps: int, min_seconds: float
+) -> list[float]:
+    """Seconds of each timed training step on one synthetic batch of ctx.batch_size: WARMUP_STEPS
+    first, untimed, then at least `min_steps` and at least `min_seconds` of them."""
+    batch = next(iter(synthetic.build(ctx)))
+    for _ in range(WARMUP_STEPS):
+        trainer.step(batch.images, batch.labels)
+    synchronize(ctx.device)
+    times: list[float] = []
+    begun = time.perf_counter()
+    while len(times) < min_steps or time.perf_counter() - begun < min_seconds:
+        start = time.perf_counter()
+        trainer.step(batch.images, batch.labels)
+        synchronize(ctx.device)  # a step's time is its kernels', not the time to queue them
+        times.append(time.perf_counter() - start)
+    return times

@@ -37,8 +37,8 @@ class Measured:
     note: str = ""  # why it was not (fully) measured
 
     def stage_us(self, stage: str) -> float | None:
-        """Workers' time per image in `stage` at the best worker count, if measured."""
-        return self.stages.get(self.best()[0], {}).get(f"stage_{stage}_us")
+        """Workers' CPU time per image in `stage` at the best worker count, if measured."""
+        return self.stages.get(self.best()[0], {}).get(f"stage_{stage}_cpu_us")
 
     def fewest_feeding(self, ceiling: float) -> int | None:
         fed = [w for w, rate in sorted(self.rates.items()) if rate >= ceiling]
@@ -128,15 +128,15 @@ def shortfall(
 
 
 def costly_stage(measured: Measured, others: list[Measured]) -> str:
-    """The stage that costs most, and the measured loader that pays least for it if one pays
-    under a quarter as much: "decode: 64% of worker time per image; loader=raw spends 0 us per
-    image there (this one 640)"."""
+    """The stage that costs the workers most CPU time, and the measured loader that pays least
+    for it if one pays under a quarter as much: "decode: 64% of the workers' CPU time per
+    image; loader=raw spends 0 us per image there (this one 640)"."""
     metrics = measured.stages.get(measured.best()[0], {})
     name = stages.dominant(metrics)
-    if name is None:
+    if name is None or f"stage_{name}_cpu_us" not in metrics:
         return ""
-    mine = metrics[f"stage_{name}_us"]
-    text = f"{name}: {metrics[f'stage_{name}_frac']:.0%} of worker time per image"
+    mine = metrics[f"stage_{name}_cpu_us"]
+    text = f"{name}: {metrics[f'stage_{name}_cpu_frac']:.0%} of the workers' CPU time per image"
     lighter = [
         (us, other.name)
         for other in others
