@@ -1,10 +1,14 @@
 """Progress for long work: a bar on a terminal, a log line every 30 s elsewhere (CI, nohup,
-SLURM, a file), so that output sent anywhere but a terminal still shows the work going on."""
+SLURM, a file), so that output sent anywhere but a terminal still shows the work going on.
+
+An epoch's lines come every 30 s also while one batch takes longer than that (ResNet-50 on a
+CPU takes about a minute for a batch of 600): a thread says so when no batch came in time."""
 
 from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
@@ -29,7 +33,9 @@ class ProgressLog:
     """Counts work done and logs a line at a steady interval: done of total, rate, time left.
 
     The first line comes one interval after the start (short work logs nothing); `close` logs a
-    last line if any was logged before, so that a log's last word on the work is its end.
+    last line if any was logged before, so that a log's last word on the work is its end. With
+    `heartbeat`, a thread logs a line whenever one is due and no work was done meanwhile
+    (`close` stops it).
     """
 
     def __init__(
@@ -40,6 +46,7 @@ class ProgressLog:
         log: logging.Logger | None = None,
         every_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        heartbeat: bool = False,
     ) -> None:
         self.total = total
         self.description = description
@@ -52,17 +59,33 @@ class ProgressLog:
         self.done = 0
         self.lines = 0
         self.logged = 0  # work done at the last line
+        self._lock = threading.Lock()  # the heartbeat's thread and the worker's take turns
+        self._closed = threading.Event()
+        if heartbeat:
+            threading.Thread(target=self._beat, name="progress", daemon=True).start()
 
     def update(self, n: int = 1) -> None:
-        self.done += n
-        now = self.clock()
+        with self._lock:
+            self.done += n
+            self._due(self.clock())
+
+    def close(self) -> None:
+        self._closed.set()
+        with self._lock:
+            if self.lines and self.done != self.logged:  # the end, unless the last line said it
+                self._line(self.clock())
+
+    def _due(self, now: float) -> None:
         if now >= self.next_at:
             self._line(now)
             self.next_at = now + self.every_s
 
-    def close(self) -> None:
-        if self.lines and self.done != self.logged:  # the end, unless the last line said it
-            self._line(self.clock())
+    def _beat(self) -> None:
+        # At least 50 ms between looks: with every_s=0 (tests), every look is due.
+        while not self._closed.wait(max(0.05, self.next_at - self.clock())):
+            with self._lock:
+                if not self._closed.is_set():
+                    self._due(self.clock())
 
     def _line(self, now: float) -> None:
         self.lines += 1
@@ -107,7 +130,7 @@ def epoch_progress(
 ) -> tqdm | ProgressLog:
     """A live images/s bar for the epoch on a terminal; a ProgressLog elsewhere."""
     if not on_terminal():
-        return ProgressLog(total_images, description, "images", log)
+        return ProgressLog(total_images, description, "images", log, heartbeat=True)
     return tqdm(
         total=total_images,
         desc=description,

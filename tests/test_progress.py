@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from facebench import progress as progress_module
 from facebench.progress import ProgressLog, progress
@@ -67,3 +68,20 @@ def test_an_epoch_logs_its_progress_to_a_file(make_cfg, monkeypatch, caplog):
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("epoch 1/1: ")]
     assert lines, caplog.text
     assert lines[-1].startswith("epoch 1/1: 120 images of 120 (100%)")
+
+
+def test_a_batch_longer_than_the_interval_still_gets_its_lines(caplog):
+    """ResNet-50 on a CPU takes about a minute a batch: lines come every interval anyway, and
+    stop when the epoch does."""
+    log = logging.getLogger("test.progress")
+    with caplog.at_level(logging.INFO, logger="test.progress"):
+        lines = ProgressLog(1000, "epoch 1/1", "images", log, every_s=0.2, heartbeat=True)
+        lines.update(100)
+        time.sleep(1.0)  # one long batch: no update
+        during = len(caplog.records)
+        lines.close()
+        time.sleep(0.5)
+    messages = [record.getMessage() for record in caplog.records]
+    assert during >= 2, messages
+    assert all(m.startswith("epoch 1/1: 100 images of 1,000 (10%)") for m in messages)
+    assert len(messages) == during  # nothing after close: the last line already said 100
