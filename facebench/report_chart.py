@@ -100,15 +100,16 @@ def _stage_panel(axis, table: Table) -> None:
         axis.text(end, position, text, va="center", fontsize=8)
     axis.set_yticks(positions, [""] * len(rows))
     axis.set_xlim(0, 1.25 * max(left, default=0) or 1)
-    axis.set_xlabel(
-        "workers' CPU time per image, us (summed over workers; the number: its total); "
-        "hatched: waiting inside the stages",
-        fontsize=8,
-    )
+    axis.set_xlabel("us per image, summed over the workers", fontsize=8)
     axis.xaxis.set_major_formatter("{x:,.0f}")
-    axis.set_title("CPU time per image, by stage", fontsize=9, loc="left")
-    # Above the bars, right of the title: inside, it would cover the last row's bar.
-    axis.legend(fontsize=8, ncols=5, loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    axis.set_title(
+        "Workers' CPU time per image, by stage (the number: its total);\n"
+        "hatched: time they waited inside the stages, for a core or storage",
+        fontsize=9,
+        loc="left",
+    )
+    # Right of the bars: inside, it would cover the longest; above, the title.
+    axis.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
 
 
 def chart(grouped: dict[Settings, Table], path: Path, with_article: bool) -> None:
