@@ -10,7 +10,6 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from facebench.device import cpu_model
 from facebench.jobs import configure
 from facebench.paths import PROJECT_ROOT, cache_dir
 from facebench.stages import WORKER_STAGES
+from facebench.tables import markdown
 
 BENCHMARKS_MD = PROJECT_ROOT / "docs" / "benchmarks.md"
 _configured = False
@@ -135,10 +135,7 @@ def steady_cell(
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def table(header: list[str], rows: Iterable[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
+table = markdown  # every table of docs/benchmarks.md, as facebench renders its own
 
 
 def write_section(name: str, text: str, path: Path = BENCHMARKS_MD) -> None:

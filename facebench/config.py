@@ -18,7 +18,6 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from facebench.config_checks import validate
-from facebench.data.images import DEFAULT_MAX_PIXELS
 from facebench.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -99,8 +98,10 @@ class DataConfig:
     # Where generated data and shards go; empty means <project root>/.cache.
     cache_dir: str = ""
     # The largest image, in pixels, that is decoded (read from its header first): a larger one
-    # is a bad sample (on_bad_sample). 0 lifts the limit.
-    max_pixels: int = DEFAULT_MAX_PIXELS
+    # is a bad sample (on_bad_sample). 0 lifts the limit. Far above any face or photo data
+    # set's images (a 24-megapixel camera's are 24,000,000), far below what a few hundred KB of
+    # PNG can declare (a decompression bomb).
+    max_pixels: int = 50_000_000
 
 
 @dataclass

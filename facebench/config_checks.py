@@ -73,25 +73,15 @@ def validate(cfg: DictConfig) -> None:
     problems += _transform_problems(cfg.get("transform"))
     problems += _mode_problems(cfg)
     problems += _data_problems(cfg.data)
-    problems += _choice_problems(cfg)
+    problems += _amount_problems(cfg)
     if problems:
         raise ConfigError("invalid config: " + "; ".join(problems))
 
 
-def _choice_problems(cfg: DictConfig) -> list[str]:
-    """Names that must be among the registered ones (shard formats, loaders) and advise's own
-    amounts."""
-    from facebench import loaders  # the registries import the schemas above
-    from facebench.shards import formats
-
+def _amount_problems(cfg: DictConfig) -> list[str]:
+    """advise's own amounts. (Names of loaders and shard formats are checked by their
+    registries, where they are used: this layer imports none of facebench's.)"""
     problems = []
-    shard_format = OmegaConf.select(cfg, "format")
-    if shard_format is not None and shard_format not in formats.names():
-        problems.append(f"format={shard_format}: use one of {', '.join(formats.names())}")
-    for name in OmegaConf.select(cfg, "loaders") or []:
-        if name not in loaders.names(real_only=True):
-            choices = ", ".join(loaders.names(real_only=True))
-            problems.append(f"loaders: {name} is no loader; choose from {choices}")
     for key in ("budget_s", "sample_images"):
         value = OmegaConf.select(cfg, key)
         if value is not None and value <= 0:

@@ -1,14 +1,10 @@
-"""Where things are: the checkout, facebench's cache, a run's data and its shards."""
+"""Where things are: the checkout, facebench's cache, a run's shards (data: data/location.py)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from omegaconf import DictConfig
-
-from facebench.data.sources import Layout
-from facebench.data.synthetic import ensure_synthetic
 from facebench.errors import DataError
 
 # The checkout that holds train.py; facebench is installed from it in editable mode.
@@ -18,26 +14,6 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 def cache_dir(configured: str = "") -> Path:
     """Generated data and shards: outside git, reused across runs."""
     return Path(configured).expanduser().resolve() if configured else PROJECT_ROOT / ".cache"
-
-
-def data_root(data: DictConfig, n_procs: int = 0) -> Path:
-    """The data's folder; the synthetic one is generated first if it is not in the cache."""
-    if data.name == "synthetic":
-        return ensure_synthetic(
-            cache_dir(data.cache_dir), data.n_images, data.seed, n_procs, layout=data.layout
-        )
-    root = Path(data.root).expanduser().resolve()
-    if not root.is_dir():
-        holding = "one folder per class" if data.layout == "folder" else "CelebA/ and DigiFace1M/"
-        raise DataError(
-            f"data.root={data.root}: no such folder. Point it at the folder that holds {holding}"
-        )
-    return root
-
-
-def data_layout(data: DictConfig) -> Layout:
-    """How the configured data is laid out, as the listing code reads it."""
-    return Layout(kind=str(data.layout), labels=data.labels)
 
 
 def shards_root(shards_dir: str, root: Path, shard_format: str) -> Path:

@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 
 from facebench.errors import TrackingLost
 from facebench.results import TRACKING_LOST
+from facebench.tables import aligned
 from facebench.tracking import UPLOAD_COMMAND
 
 log = logging.getLogger("facebench")
@@ -61,17 +62,7 @@ def _row(results: dict[str, Any]) -> list[str]:
 
 def summary_table(runs: list[dict[str, Any]]) -> str:
     """The runs as an aligned plain-text table, one line each."""
-    rows = [list(HEADER), *(_row(results) for results in runs)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
-    numeric = {4, 5}  # right-aligned
-    lines = [
-        "  ".join(
-            cell.rjust(width) if i in numeric else cell.ljust(width)
-            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
-        ).rstrip()
-        for row in rows
-    ]
-    return "\n".join(lines)
+    return aligned(HEADER, (_row(results) for results in runs), right={4, 5})
 
 
 class SweepSummary(Callback):

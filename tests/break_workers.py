@@ -20,10 +20,11 @@ from hydra import compose, initialize_config_dir
 from facebench import loaders
 from facebench.config import typed
 from facebench.data.check import list_usable
+from facebench.data.location import data_root
 from facebench.epoch import EpochSettings, run_epoch
 from facebench.errors import FacebenchError
 from facebench.jobs import configure, install_process_handlers, user_message
-from facebench.paths import PROJECT_ROOT, data_root
+from facebench.paths import PROJECT_ROOT
 
 
 def _no_room(root: str) -> int:

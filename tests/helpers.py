@@ -13,13 +13,14 @@ import torch
 from facebench import loaders
 from facebench.data.check import list_usable
 from facebench.data.images import open_sample
+from facebench.data.location import data_layout
 from facebench.data.sources import FACES, Layout, read_records
 from facebench.data.transforms import ARTICLE, Geometry, article_transform
 from facebench.distributed import World
 from facebench.finish import Finisher
 from facebench.loaders.base import Batch, LoaderContext
 from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Workers
-from facebench.paths import cache_dir, data_layout
+from facebench.paths import cache_dir
 
 Samples = dict[int, tuple[torch.Tensor, int]]
 # Every loader that reads real samples (all but the compute ceiling), and its traits with its

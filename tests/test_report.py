@@ -12,8 +12,9 @@ from omegaconf import OmegaConf
 from facebench.advise.answer import Advice
 from facebench.advise.chart import chart as advice_chart
 from facebench.advise.measure import Measured
-from facebench.report import Cell, render, title
 from facebench.report_chart import chart as report_chart
+from facebench.report_markdown import render
+from facebench.report_table import Cell, title
 
 matplotlib.use("Agg")
 

@@ -270,8 +270,9 @@ def test_stages_add_up_to_the_workers_cpu_time_and_the_epoch(make_cfg, name):
 
 
 def test_the_report_shows_each_loaders_stages_with_the_costliest_in_bold(tmp_path):
-    from facebench.report import Cell, render
     from facebench.report_chart import chart
+    from facebench.report_markdown import render
+    from facebench.report_table import Cell
 
     decoding = {"read": 40.0, "decode": 600.0, "transform": 350.0, "collate": 70.0}
     table = {

@@ -8,6 +8,7 @@ from facebench.advise.measure import Measured, shortfall
 from facebench.printable import printable
 from facebench.resources import usable_cores
 from facebench.shards import room
+from facebench.tables import markdown
 
 LOADER_MIN_S = 10.0  # what one loader needs at least: shards for a sample, a few short runs
 
@@ -113,8 +114,6 @@ class Advice:
             "shard disk",
             "why not",
         ]
-        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(row) + " |" for row in self.rows()]
         sampled = (
             f" Measured on a sample of {self.n_sample:,} images; build time and disk are "
             "scaled to the whole set."
@@ -126,6 +125,5 @@ class Advice:
             f"Compute ceiling: {self.ceiling:,.0f} images/s{self.ceiling_note}. "
             f"Data: {self.n_images:,} images."
             f"{sampled} Took {self.seconds:,.0f} s of a {self.budget_s:,.0f} s budget.\n\n"
-            + "\n".join(lines)
-            + "\n"
+            + markdown(header, self.rows())
         )

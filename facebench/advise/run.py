@@ -15,10 +15,11 @@ from facebench.advise.chart import chart
 from facebench.advise.measure import RUN_S, Measured, measure_loader, worker_counts
 from facebench.config import AdviseConfig
 from facebench.data.job_data import JobData, prepare_data
+from facebench.data.location import data_layout
 from facebench.data.subset import subset_tree
 from facebench.errors import ConfigError, FacebenchError
 from facebench.job import Job
-from facebench.paths import PROJECT_ROOT, cache_dir, data_layout
+from facebench.paths import PROJECT_ROOT, cache_dir
 from facebench.tracking import REPORTS_EXPERIMENT, Tracker
 
 log = logging.getLogger("facebench.advise")
@@ -43,6 +44,7 @@ def advise(cfg: AdviseConfig) -> Advice:
             "model=none: advise finds the loaders that keep a model fed, so it needs one: "
             "model=resnet50 (the article's) on a GPU, or model=resnet18 amp=off on a CPU"
         )
+    loaders.refuse_unknown(cfg.loaders, "loaders")
     counts = worker_counts(cfg.workers)
     cfg = replace(cfg, n_workers=max(counts))  # what the resource check looks at
     deadline = started + cfg.budget_s

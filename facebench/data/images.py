@@ -17,6 +17,7 @@ import io
 from PIL import Image, UnidentifiedImageError
 
 from facebench import stages
+from facebench.config import DataConfig
 from facebench.data.sources import CELEBA
 from facebench.errors import DataError
 from facebench.printable import printable
@@ -31,10 +32,7 @@ _DECODE_ERRORS = (
     ValueError,
     Image.DecompressionBombError,
 )
-# Far above any face or photo data set's images (a 24-megapixel camera's are 24,000,000), far
-# below what a few hundred KB of PNG can declare. 0 lifts the limit.
-DEFAULT_MAX_PIXELS = 50_000_000
-_max_pixels = DEFAULT_MAX_PIXELS
+_max_pixels = DataConfig.max_pixels  # until set_max_pixels, as each job does
 Image.MAX_IMAGE_PIXELS = None  # facebench's own check (check_size) comes first
 
 

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from facebench.config import TrainConfig
 from facebench.data.check import Listing, list_usable
 from facebench.data.images import set_max_pixels
+from facebench.data.location import data_layout, data_root
 from facebench.distributed import World, barrier
 from facebench.errors import ConfigError
-from facebench.paths import cache_dir, data_layout, data_root
+from facebench.paths import cache_dir
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,13 @@ from hydra.core.config_store import ConfigStore
 from facebench import stages
 from facebench.config import TrainConfig
 from facebench.data.check import Listing
+from facebench.data.location import data_layout
 from facebench.data.transforms import Geometry, article_transform
 from facebench.distributed import World
 from facebench.errors import ConfigError
 from facebench.loaders.base import LoaderContext
 from facebench.loaders.spec import LoaderSpec
-from facebench.paths import PROJECT_ROOT, cache_dir, data_layout, shards_root
+from facebench.paths import PROJECT_ROOT, cache_dir, shards_root
 
 CONFIGS = PROJECT_ROOT / "conf" / "loader"
 _registered: dict[str, LoaderSpec] = {}
@@ -48,6 +49,17 @@ def get(name: str) -> LoaderSpec:
             "named in conf/loader/ needs one (see facebench/loaders/spec.py)"
         )
     return spec
+
+
+def refuse_unknown(requested: list[str], key: str) -> None:
+    """Refuse, in one line naming `key` and the choices, any name in `requested` that is not a
+    loader reading real samples (advise's `loaders` list, say)."""
+    choices = names(real_only=True)
+    unknown = [name for name in requested if name not in choices]
+    if unknown:
+        raise ConfigError(
+            f"{key}: {', '.join(unknown)} is no loader; choose from {', '.join(choices)}"
+        )
 
 
 def register(name: str, spec: LoaderSpec) -> None:

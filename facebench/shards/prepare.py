@@ -7,8 +7,9 @@ from pathlib import Path
 
 from facebench.config import PrepareConfig
 from facebench.data.images import set_max_pixels
+from facebench.data.location import data_layout, data_root
 from facebench.errors import Interrupted, interruption
-from facebench.paths import cache_dir, data_layout, data_root, shards_root
+from facebench.paths import cache_dir, shards_root
 from facebench.shards import formats
 from facebench.shards.build import ShardSet, ensure_shards
 from facebench.tracking import write_results

@@ -1,0 +1,143 @@
+"""The house has no circles: facebench's modules import each other one way, and the config layer
+stands on nothing of facebench's but its errors.
+
+The graph is read from the code with `ast`: every import, at the top of a module or deferred
+inside a function (a deferred import closes a circle as surely as any other), and the package
+`__init__` that Python runs before any module of a package is imported from outside it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from facebench.paths import PROJECT_ROOT
+
+PACKAGE = "facebench"
+# The config layer: what every other layer reads its settings from.
+CONFIG_LAYER = {"facebench.config", "facebench.config_checks"}
+# What the config layer may import: the errors every layer raises (a module with no imports).
+CONFIG_MAY_IMPORT = {"facebench.errors"}
+
+
+def modules(package_dir: Path) -> dict[str, Path]:
+    """Every module of the package under `package_dir`, by dotted name."""
+    found = {}
+    for path in package_dir.rglob("*.py"):
+        parts = path.relative_to(package_dir.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def _imported(node: ast.AST, module: str, is_package: bool) -> list[str]:
+    """The dotted names an import statement asks for (module or module.attribute)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    base = node.module or ""
+    if node.level:  # relative: from the module's package, up `level - 1` packages
+        package = module.split(".") if is_package else module.split(".")[:-1]
+        package = package[: len(package) - node.level + 1]
+        base = ".".join([*package, *([node.module] if node.module else [])])
+    return [f"{base}.{alias.name}" for alias in node.names] + [base]
+
+
+def import_graph(package_dir: Path) -> dict[str, set[str]]:
+    """module -> the package's modules it imports (each a module, not an attribute of one)."""
+    known = modules(package_dir)
+
+    def resolve(name: str) -> str | None:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {name: set() for name in known}
+    for name, path in known.items():
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            for wanted in _imported(node, name, is_package):
+                target = resolve(wanted) if wanted.startswith(package_dir.name) else None
+                if target is None or target == name:
+                    continue
+                graph[name].add(target)
+                # Python runs a package's __init__ before a module of it is imported from
+                # outside the package.
+                parts = target.split(".")
+                for depth in range(2, len(parts)):
+                    parent = ".".join(parts[:depth])
+                    if not (name + ".").startswith(parent + "."):
+                        graph[name].add(parent)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def described(graph: dict[str, set[str]], group: list[str]) -> str:
+    arrows = [f"{a} -> {b}" for a in group for b in sorted(graph[a]) if b in group]
+    return f"circle of {len(group)}: " + "; ".join(arrows)
+
+
+def test_facebench_has_no_import_circles():
+    graph = import_graph(PROJECT_ROOT / PACKAGE)
+    found = [described(graph, group) for group in circles(graph)]
+    assert not found, "\n".join(found)
+
+
+def test_the_config_layer_imports_nothing_of_facebench_but_its_errors():
+    graph = import_graph(PROJECT_ROOT / PACKAGE)
+    for module in CONFIG_LAYER:
+        above = graph[module] - CONFIG_LAYER - CONFIG_MAY_IMPORT
+        assert not above, f"{module} imports {sorted(above)}: the config layer stands on nothing"
+    assert graph["facebench.errors"] == set()
+
+
+def test_a_circle_is_found_and_named_even_through_a_deferred_import(tmp_path):
+    package = tmp_path / PACKAGE
+    (package / "loaders").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "config.py").write_text(
+        "def check():\n    from facebench.loaders import names  # deferred\n    return names()\n"
+    )
+    (package / "loaders" / "__init__.py").write_text("from facebench.loaders.spec import Spec\n")
+    (package / "loaders" / "spec.py").write_text("from ..config import check\nclass Spec: ...\n")
+    (package / "report.py").write_text("import facebench.config\n")  # above it: no circle
+    graph = import_graph(package)
+    assert circles(graph) == [["facebench.config", "facebench.loaders", "facebench.loaders.spec"]]
+    text = described(graph, circles(graph)[0])
+    assert "facebench.config -> facebench.loaders" in text
+    assert "facebench.loaders.spec -> facebench.config" in text
