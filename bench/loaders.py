@@ -52,7 +52,7 @@ def crop_normalize_limit(batch_size: int, seconds: float = 3.0) -> float:
 
     from facebench.data.batch_transforms import crop_offsets
     from facebench.finish import finished_ahead_on_cpu
-    from facebench.loaders.base import Batch
+    from facebench.loaders.shared import Batch
     from facebench.resources import usable_cores
 
     rng = np.random.default_rng(0)

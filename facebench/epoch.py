@@ -18,8 +18,8 @@ import torch
 from facebench import stages
 from facebench.data.transforms import ARTICLE, Geometry
 from facebench.finish import Finisher, Ready, finished_ahead_on_cpu
-from facebench.loaders.base import Batch
 from facebench.loaders.failures import WorkerDeaths, explain, quiet_sigchld, restore_sigchld
+from facebench.loaders.shared import Batch
 from facebench.meter import DeviceBusy, EpochMeter, EpochTimes
 from facebench.order import batch_label_diversity, order_corr
 from facebench.progress import epoch_progress

@@ -28,7 +28,7 @@ from facebench.data.batch_transforms import crop_batch, crop_normalize_on_cpu, n
 from facebench.data.fast_decode import resize_sample
 from facebench.data.sources import CELEBA
 from facebench.data.transforms import ARTICLE, Geometry
-from facebench.loaders.base import Batch
+from facebench.loaders.shared import Batch
 
 _MAX_CPU_THREADS = 4
 Ready = tuple[torch.Tensor, torch.Tensor]  # images and labels, as the model takes them

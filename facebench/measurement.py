@@ -16,7 +16,7 @@ from facebench.distributed import World, barrier, gather, join, whole_job
 from facebench.epoch import EpochSettings, run_epoch
 from facebench.exactly_once import check_exactly_once
 from facebench.job import Job
-from facebench.loaders.base import LoaderContext
+from facebench.loaders.shared import LoaderContext
 from facebench.loaders.spec import LoaderSpec
 from facebench.meter import MIN_STEADY_BATCHES
 from facebench.pagecache import prepare_cache, resident_fraction

@@ -20,7 +20,7 @@ from facebench.data.records import LabelSpace
 from facebench.distributed import World, barrier
 from facebench.errors import Interrupted, TrackingLost, interruption
 from facebench.job import Job
-from facebench.loaders.base import LoaderContext
+from facebench.loaders.shared import LoaderContext
 from facebench.loaders.spec import LoaderSpec
 from facebench.measurement import measure, summarise
 from facebench.resources import check_workers

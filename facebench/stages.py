@@ -43,7 +43,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 WORKER_STAGES = ("read", "decode", "transform", "collate")
 READ, DECODE, TRANSFORM, COLLATE = range(len(WORKER_STAGES))
@@ -159,20 +159,6 @@ def timed_items(items: Iterable[T], stage: int = READ) -> Iterator[T]:
         lap(stage, start)
         yield item
         start = now()
-
-
-class Timed:
-    """A callable whose calls are timed as one stage (picklable, for worker processes)."""
-
-    def __init__(self, fn: Callable[..., Any], stage: int) -> None:
-        self.fn = fn
-        self.stage = stage
-
-    def __call__(self, *args: Any) -> Any:
-        start = now()
-        result = self.fn(*args)
-        lap(self.stage, start)
-        return result
 
 
 @dataclass

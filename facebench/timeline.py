@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from facebench.loaders.base import Batch
+from facebench.loaders.shared import Batch
 from facebench.stages import StageTotals
 
 

@@ -18,7 +18,7 @@ from facebench.data.sources import FACES, Layout, read_records
 from facebench.data.transforms import ARTICLE, Geometry, article_transform
 from facebench.distributed import World
 from facebench.finish import Finisher
-from facebench.loaders.base import Batch, LoaderContext
+from facebench.loaders.shared import Batch, LoaderContext
 from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Workers
 from facebench.paths import cache_dir
 

@@ -69,7 +69,7 @@ def test_unknown_loader_lists_the_choices():
 
 def test_every_configured_loader_declares_its_contract():
     # conf/loader/<name>.yaml names a module that defines LOADER = LoaderSpec(...).
-    assert "dataset" in loaders.names() and "base" not in loaders.names()
+    assert "dataset" in loaders.names() and "shared" not in loaders.names()
     for name in loaders.names():
         spec = loaders.get(name)
         assert isinstance(spec, LoaderSpec), name
@@ -78,10 +78,10 @@ def test_every_configured_loader_declares_its_contract():
 
 
 def test_a_module_without_a_contract_is_refused(tmp_path, monkeypatch):
-    (tmp_path / "base.yaml").write_text("name: base\n")  # a helper module, not a loader
+    (tmp_path / "shared.yaml").write_text("name: shared\n")  # a helper module, not a loader
     monkeypatch.setattr(loaders, "CONFIGS", tmp_path)
     with pytest.raises(ConfigError, match="defines no LOADER = LoaderSpec"):
-        loaders.get("base")
+        loaders.get("shared")
 
 
 @pytest.mark.parametrize("name", LOADERS)

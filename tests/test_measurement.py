@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from facebench.epoch import EpochSettings, run_epoch
-from facebench.loaders.base import Batch
+from facebench.loaders.shared import Batch
 from facebench.measurement import summarise
 from facebench.meter import DeviceBusy, EpochMeter, EpochTimes
 from facebench.order import batch_label_diversity, expected_distinct_labels, order_corr

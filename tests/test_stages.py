@@ -9,7 +9,7 @@ import time
 import pytest
 
 from facebench import loaders, stages
-from facebench.loaders.base import Batch
+from facebench.loaders.shared import Batch
 from facebench.runner import run_training
 from facebench.stages import MAIN_STAGES, WORKER_STAGES, StageTimes, StageTotals
 from facebench.timeline import LoopTimeline

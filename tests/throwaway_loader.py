@@ -2,8 +2,8 @@
 with `pytest -p tests.throwaway_loader`, it joins every list of loaders the tests parametrize
 over, without a line of them edited (tests/test_registry.py runs that).
 
-It reads each batch of the epoch plan in the loop itself, with the article's transform: the
-plainest loader that keeps the contract.
+It reads each batch of the epoch plan in the loop itself through the decode stage every
+decoding loader composes: the plainest loader that keeps the contract.
 """
 
 from __future__ import annotations
@@ -14,17 +14,18 @@ import torch
 
 from facebench import loaders
 from facebench.config import LoaderConfig
-from facebench.data.images import open_sample
-from facebench.loaders.base import Batch, LoaderContext
+from facebench.loaders.decoding import DecodeStage
+from facebench.loaders.shared import Batch, LoaderContext
 from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits, Workers
 
 
 def build(ctx: LoaderContext) -> Iterator[Batch]:
+    stage = DecodeStage.of(ctx)
     for positions in ctx.plan.batches():
         records = [ctx.records[int(i)] for i in positions]
-        images = [ctx.transform(open_sample(r.path, r.source)) for r in records]
+        images = [stage.from_file(record) for record in records]
         labels = torch.tensor([r.label for r in records])
-        yield Batch(torch.stack(images), labels, torch.from_numpy(positions.copy()))
+        yield stage.batch(images, labels, torch.from_numpy(positions.copy()))
 
 
 LOADER = LoaderSpec(

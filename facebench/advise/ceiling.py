@@ -26,7 +26,7 @@ from facebench.data.job_data import JobData
 from facebench.device import synchronize
 from facebench.job import Job
 from facebench.loaders import synthetic
-from facebench.loaders.base import LoaderContext
+from facebench.loaders.shared import LoaderContext
 from facebench.runner import trainer_for
 from facebench.training import Trainer
 

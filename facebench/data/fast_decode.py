@@ -20,7 +20,6 @@ import torch
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2 import functional
 
-from facebench import stages
 from facebench.data.images import CELEBA_BOX, bad_image, check_size, decode_sample
 from facebench.data.sources import CELEBA
 from facebench.data.transforms import RESIZE
@@ -86,13 +85,11 @@ def encoded_size(data: bytes) -> tuple[int, int] | None:
     return None
 
 
-def decode_resized(
-    data: bytes, source: str, name: str = "<bytes>", size: tuple[int, int] = RESIZE
-) -> torch.Tensor:
-    """Encoded image bytes -> (112, 112, 3) uint8 (or `size`), HWC, as the article prepared it."""
+def decode_rgb(data: bytes, source: str, name: str = "<bytes>") -> torch.Tensor:
+    """Encoded image bytes -> (3, H, W) uint8 RGB, CelebA cropped to its box, as PIL's path
+    gives it (see the module docstring for which decoder takes which file)."""
     if not data:
         raise bad_image(name, ValueError("empty file"))
-    start = stages.now()
     header = jpeg_header(data)
     if header is not None and header[0] in (1, 3):
         check_size(header[1], header[2], name)  # before anything is decoded
@@ -102,17 +99,25 @@ def decode_resized(
         except RuntimeError:
             image = None  # PIL decides: it reads some files libjpeg-turbo's strict mode refuses
         if image is not None:
-            start = stages.lap(stages.DECODE, start)
-            resized = resize_sample(image, source, size=size)
-            stages.lap(stages.TRANSFORM, start)
-            return resized
+            return crop_box(image, CELEBA_BOX) if source == CELEBA else image
     # Anything else goes through PIL (see the module docstring).
     rgb = np.asarray(decode_sample(data, source, name))  # RGB, CelebA already cropped
-    start = stages.now()
-    image = torch.from_numpy(rgb.copy()).permute(2, 0, 1)
-    resized = resize_sample(image, source, cropped=True, size=size)
-    stages.lap(stages.TRANSFORM, start)
-    return resized
+    return torch.from_numpy(rgb.copy()).permute(2, 0, 1)
+
+
+def resized(image: torch.Tensor, size: tuple[int, int] = RESIZE) -> torch.Tensor:
+    """(3, H, W) uint8 -> (H, W, 3) resized to `size` with antialiasing (not resampled when it
+    has that size already), as the article's Resize((112, 112)) on a uint8 tensor."""
+    if tuple(image.shape[1:]) != tuple(size):
+        image = functional.resize(image, list(size), antialias=True)
+    return image.permute(1, 2, 0).contiguous()
+
+
+def decode_resized(
+    data: bytes, source: str, name: str = "<bytes>", size: tuple[int, int] = RESIZE
+) -> torch.Tensor:
+    """Encoded image bytes -> (112, 112, 3) uint8 (or `size`), HWC, as the article prepared it."""
+    return resized(decode_rgb(data, source, name), size)
 
 
 def crop_box(image: torch.Tensor, box: tuple[int, int, int, int]) -> torch.Tensor:
@@ -136,6 +141,4 @@ def resize_sample(
     as (H, W, 3)."""
     if source == CELEBA and not cropped:
         image = crop_box(image, CELEBA_BOX)
-    if tuple(image.shape[1:]) != tuple(size):
-        image = functional.resize(image, list(size), antialias=True)
-    return image.permute(1, 2, 0).contiguous()
+    return resized(image, size)

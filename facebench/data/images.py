@@ -16,7 +16,6 @@ import io
 
 from PIL import Image, UnidentifiedImageError
 
-from facebench import stages
 from facebench.config import DataConfig
 from facebench.data.sources import CELEBA
 from facebench.errors import DataError
@@ -94,8 +93,7 @@ def bad_image(path: str, error: Exception) -> BadImage:
 
 
 def read_file(path: str) -> bytes:
-    """A sample's file, whole (timed as the read stage)."""
-    start = stages.now()
+    """A sample's file, whole."""
     try:
         with open(path, "rb") as file:
             data = file.read()
@@ -110,7 +108,6 @@ def read_file(path: str) -> bytes:
         ) from None
     except OSError as error:
         raise bad_image(path, error) from None
-    stages.lap(stages.READ, start)
     return data
 
 
@@ -118,19 +115,17 @@ def open_sample(path: str, source: str) -> Image.Image:
     """The decoded RGB image of one record: CelebA cropped to 128x128, DigiFace RGBA -> RGB.
 
     The file is read whole, then decoded from memory: one read where PIL's file reads would be
-    several, and the two stages timed apart.
+    several. (Loaders time the two apart: loaders/decoding.py.)
     """
     return decode_sample(read_file(path), source, path)
 
 
 def decode_sample(data: bytes, source: str, name: str = "<bytes>") -> Image.Image:
     """The same from a file's bytes (as read from a tar shard); `name` is used in errors."""
-    start = stages.now()
     try:
         with Image.open(io.BytesIO(data)) as image:  # reads the header only
             check_size(*image.size, name)
             sample = as_sample(image, source)
     except _DECODE_ERRORS as error:
         raise bad_image(name, error) from None
-    stages.lap(stages.DECODE, start)
     return sample

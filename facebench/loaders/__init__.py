@@ -14,14 +14,13 @@ import importlib
 import torch
 from hydra.core.config_store import ConfigStore
 
-from facebench import stages
 from facebench.config import TrainConfig
 from facebench.data.check import Listing
 from facebench.data.location import data_layout
 from facebench.data.transforms import Geometry, article_transform
 from facebench.distributed import World
 from facebench.errors import ConfigError
-from facebench.loaders.base import LoaderContext
+from facebench.loaders.shared import LoaderContext
 from facebench.loaders.spec import LoaderSpec
 from facebench.paths import PROJECT_ROOT, cache_dir, shards_root
 
@@ -97,8 +96,8 @@ def context(
         n_workers=cfg.n_workers,
         seed=cfg.seed,
         device=device,
-        # Timed as the transform stage wherever a loader applies it (facebench.stages).
-        transform=stages.Timed(article_transform(cfg.loader.crop, geometry), stages.TRANSFORM),
+        # Timed as the transform stage where a loader applies it (loaders/decoding.py).
+        transform=article_transform(cfg.loader.crop, geometry),
         shards_dir=shards,
         shard_size=cfg.shard_size,
         world=world or World(),

@@ -36,8 +36,8 @@ from facebench.data.images import CELEBA_BOX, check_size, decode_sample
 from facebench.data.sources import CELEBA, Record
 from facebench.errors import FacebenchError
 from facebench.extras import Requirement
-from facebench.loaders.base import Batch, LoaderContext, uint8_batch
 from facebench.loaders.plan import EpochPlan
+from facebench.loaders.shared import Batch, LoaderContext, uint8_batch
 from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits, Workers
 from facebench.resources import batch_bytes
 

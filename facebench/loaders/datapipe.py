@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,11 +37,11 @@ from torch.utils.data.datapipes.iter import FileLister, IterableWrapper
 from facebench import stages
 from facebench.config import LoaderConfig
 from facebench.data.folder import FOLDER, class_folder_of, image_extensions, is_image_name
-from facebench.data.images import open_sample
 from facebench.data.sample_ids import SampleIds
 from facebench.data.sources import CELEBA, DIGIFACE, LabelSpace, digiface_record
-from facebench.loaders import base
-from facebench.loaders.base import Batch, LoaderContext, data_loader, stack, stamped
+from facebench.loaders import shared
+from facebench.loaders.decoding import DecodeStage
+from facebench.loaders.shared import Batch, LoaderContext, data_loader
 from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits, Workers
 
 PipeRecord = tuple[str, int, str, int]  # path, label, source, sample id
@@ -134,19 +134,18 @@ class TimedAsRead(IterDataPipe):
 
 @torch.utils.data.functional_datapipe("load_images")
 class ImageBatchLoader(IterDataPipe):
-    """Decode and transform each batch of records; yield (images, labels, ids) tensors."""
+    """Decode and transform each batch of records; yield one Batch."""
 
-    def __init__(self, source_datapipe: IterDataPipe, transform: Callable) -> None:
+    def __init__(self, source_datapipe: IterDataPipe, stage: DecodeStage) -> None:
         self.source_datapipe = source_datapipe
-        self.transform = transform
+        self.stage = stage
 
     def __iter__(self) -> Iterator[Batch]:
         for records in self.source_datapipe:
-            samples = [self.transform(open_sample(p, s)) for p, _, s, _ in records]
-            start = stages.now()
+            samples = [self.stage.sample(self.stage.read(p), s, p) for p, _, s, _ in records]
             labels = torch.tensor([label for _, label, _, _ in records])
             ids = torch.tensor([sample_id for _, _, _, sample_id in records])
-            yield stamped(Batch(stack(samples), labels, ids), start)
+            yield self.stage.batch(samples, labels, ids)
 
 
 def listed(ctx: LoaderContext) -> IterDataPipe:
@@ -182,7 +181,7 @@ def build_datapipe(ctx: LoaderContext) -> IterDataPipe:
         # for each rank, no rank waits for another's gradients.
         pipe = TakeFirst(pipe, ctx.plan.n_batches * ctx.world.world_size)
     pipe = pipe.sharding_filter()
-    return pipe.load_images(transform=ctx.transform)
+    return pipe.load_images(stage=DecodeStage.of(ctx))
 
 
 # A record in a worker's listing or shuffle buffer: a tuple of path, label, source and id.
@@ -193,7 +192,7 @@ def worker_memory(ctx: LoaderContext) -> int:
     """Every worker lists every file and fills its own shuffle buffer."""
     n = len(ctx.records)
     held = _RECORD_BYTES * (n + min(ctx.options.shuffle_buffer, n))
-    return base.worker_memory(ctx, held=held)
+    return shared.worker_memory(ctx, held=held)
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:

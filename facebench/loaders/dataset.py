@@ -9,25 +9,25 @@ shuffle is the epoch plan's order (facebench/loaders/plan.py), a full permutatio
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import torch
 from torch.utils.data import ConcatDataset, Dataset
 
 from facebench.config import LoaderConfig
-from facebench.data.images import open_sample
 from facebench.data.records import Record
-from facebench.loaders import base
-from facebench.loaders.base import Batch, LoaderContext, PlanSampler, data_loader
+from facebench.loaders import shared
+from facebench.loaders.decoding import DecodeStage
+from facebench.loaders.shared import Batch, LoaderContext, PlanSampler, data_loader
 from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits, Workers
 
 
 class RecordDataset(Dataset):
     """One source's samples by index, as the article's CelebADataset and DigiFace1M classes."""
 
-    def __init__(self, records: list[Record], transform: Callable, first_id: int = 0) -> None:
+    def __init__(self, records: list[Record], stage: DecodeStage, first_id: int = 0) -> None:
         self.records = records
-        self.transform = transform
+        self.stage = stage
         self.first_id = first_id  # canonical position of records[0]
 
     def __len__(self) -> int:
@@ -35,20 +35,20 @@ class RecordDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int, int]:
         record = self.records[index]
-        image = self.transform(open_sample(record.path, record.source))
-        return image, record.label, self.first_id + index
+        return self.stage.from_file(record), record.label, self.first_id + index
 
 
 def worker_memory(ctx: LoaderContext) -> int:
-    return base.worker_memory(ctx)
+    return shared.worker_memory(ctx)
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:
     # One Dataset per source (CelebA, DigiFace1M; or the folder's), in canonical order.
     parts: list[RecordDataset] = []
+    stage = DecodeStage.of(ctx)
     for _, records in itertools.groupby(ctx.records, key=lambda record: record.source):
         first_id = sum(len(part) for part in parts)
-        parts.append(RecordDataset(list(records), ctx.transform, first_id))
+        parts.append(RecordDataset(list(records), stage, first_id))
     return data_loader(ConcatDataset(parts), ctx, sampler=PlanSampler(ctx.plan))
 
 

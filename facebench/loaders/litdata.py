@@ -24,10 +24,10 @@ from facebench import stages
 from facebench.config import LoaderConfig
 from facebench.errors import ShardError
 from facebench.extras import Requirement
-from facebench.loaders import base
-from facebench.loaders.base import Batch, LoaderContext, stack, stamped, uint8_batch
+from facebench.loaders import shared
 from facebench.loaders.plan import EpochPlan
 from facebench.loaders.shardsets import open_shard_set
+from facebench.loaders.shared import Batch, LoaderContext, stack, stamped, uint8_batch
 from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits, Workers
 from facebench.shards import litdata_format
 
@@ -72,7 +72,7 @@ def timed_dataset() -> type:
 
 
 def worker_memory(ctx: LoaderContext) -> int:
-    return base.worker_memory(ctx, finished=False)
+    return shared.worker_memory(ctx, finished=False)
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:

@@ -18,7 +18,7 @@ import gc
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,23 +34,18 @@ from torchdata.nodes import (
 )
 from torchdata.nodes.exception_wrapper import StartupExceptionWrapper
 
-from facebench import stages
 from facebench.config import Decoder, LoaderConfig, WorkerKind
-from facebench.data.fast_decode import decode_resized
-from facebench.data.images import open_sample, read_file
 from facebench.data.records import Record
 from facebench.errors import LoaderFailure
-from facebench.loaders import base
-from facebench.loaders.base import (
+from facebench.loaders import shared
+from facebench.loaders.decoding import DecodeStage
+from facebench.loaders.failures import signal_name, too_many_open_files, worker_died
+from facebench.loaders.plan import EpochPlan, batch_rng
+from facebench.loaders.shared import (
     Batch,
     LoaderContext,
     PlanSampler,
-    stack,
-    stamped,
-    uint8_batch,
 )
-from facebench.loaders.failures import signal_name, too_many_open_files, worker_died
-from facebench.loaders.plan import EpochPlan, batch_rng
 from facebench.loaders.spec import LoaderSpec, decoder_traits
 
 log = logging.getLogger(__name__)
@@ -77,32 +72,25 @@ class ToRecords:
 
 
 class LoadBatch:
-    """(index, record) pairs -> (images, labels, ids); picklable for process workers."""
+    """(index, record) pairs -> one Batch; picklable for process workers."""
 
-    def __init__(self, decoder: str, transform: Callable, plan: EpochPlan) -> None:
-        self.decoder = decoder
-        self.transform = transform
+    def __init__(self, stage: DecodeStage, plan: EpochPlan) -> None:
+        self.stage = stage
         self.plan = plan
 
     def __call__(self, batch: list[tuple[int, Record]]) -> Batch:
-        chosen = [record for _, record in batch]
         ids = torch.tensor([i for i, _ in batch])
-        if self.decoder == "pil":
-            # RandomCrop draws from torch's global generator, which forked workers share.
+        if self.stage.finished:
+            # The article's RandomCrop draws from torch's global generator, which forked
+            # workers share: each batch gets its own seed, from the plan.
             torch.manual_seed(int(batch_rng(self.plan.seed, ids).integers(2**62)))
-            samples = [self.transform(open_sample(r.path, r.source)) for r in chosen]
-        else:
-            size = self.plan.geometry.resized
-            samples = [decode_resized(read_file(r.path), r.source, r.path, size) for r in chosen]
-        start = stages.now()
-        labels = torch.tensor([r.label for r in chosen])
-        if self.decoder == "pil":
-            return stamped(Batch(stack(samples), labels, ids), start)
-        return stamped(uint8_batch(stack(samples), labels, ids, self.plan), start)
+        samples = [self.stage.from_file(record) for _, record in batch]
+        labels = torch.tensor([record.label for _, record in batch])
+        return self.stage.batch(samples, labels, ids)
 
 
 def worker_memory(ctx: LoaderContext) -> int:
-    return base.worker_memory(ctx, finished=ctx.options.decoder == "pil")
+    return shared.worker_memory(ctx, finished=DecodeStage.of(ctx).finished)
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:
@@ -111,7 +99,7 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
     node = SamplerWrapper(PlanSampler(plan))  # this rank's share of the epoch's order
     node = Batcher(node, batch_size=ctx.batch_size, drop_last=True)
     node = Mapper(node, map_fn=ToRecords(ctx.records))
-    load = LoadBatch(options.decoder, ctx.transform, plan)
+    load = LoadBatch(DecodeStage.of(ctx), plan)
     if ctx.n_workers > 0:
         node = ParallelMapper(
             node, map_fn=load, num_workers=ctx.n_workers, method=options.method, in_order=True

@@ -14,7 +14,7 @@ epoch clock starts; that time is logged as `prepare_s`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -23,9 +23,10 @@ from torch.utils.data.datapipes.iter import IterableWrapper
 
 from facebench import stages
 from facebench.config import LoaderConfig
-from facebench.loaders import base
-from facebench.loaders.base import Batch, LoaderContext, data_loader
+from facebench.loaders import shared
+from facebench.loaders.decoding import DecodeStage
 from facebench.loaders.shardsets import ShardGuard, open_shard_set, trusted_manifest
+from facebench.loaders.shared import Batch, LoaderContext, data_loader
 from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits, Workers
 from facebench.shards import pickle_format
 from facebench.shards.manifest import read_verified
@@ -38,12 +39,12 @@ class PickleShardLoader(IterDataPipe):
     def __init__(
         self,
         source_datapipe: IterDataPipe,
-        transform: Callable,
+        stage: DecodeStage,
         sha256: dict[str, str],
         guard: ShardGuard,
     ) -> None:
         self.source_datapipe = source_datapipe
-        self.transform = transform
+        self.stage = stage
         self.sha256 = sha256
         self.guard = guard
 
@@ -56,14 +57,14 @@ class PickleShardLoader(IterDataPipe):
             samples = pickle_format.decode(data, path)
             stages.lap(stages.DECODE, start)  # unpickling: the pixels were decoded by prepare.py
             for image, label, sample_id in samples:
-                yield self.transform(image), label, sample_id
+                yield self.stage.transformed(image), label, sample_id
 
 
 def worker_memory(ctx: LoaderContext) -> int:
     """A worker holds a whole shard: its bytes, the images unpickled from them, and a copy."""
     manifest = trusted_manifest(ctx)
     largest = max((shard.bytes for shard in manifest.shards), default=0)
-    return base.worker_memory(ctx, held=3 * largest)
+    return shared.worker_memory(ctx, held=3 * largest)
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:
@@ -71,7 +72,7 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
     # The shard list's shuffle is seeded by the DataLoader (the epoch plan's seed).
     pipe = IterableWrapper(shard_set.paths()).shuffle().sharding_filter()
     pipe = pipe.load_pickle_data(
-        transform=ctx.transform, sha256=shard_set.sha256(), guard=shard_set.guard
+        stage=DecodeStage.of(ctx), sha256=shard_set.sha256(), guard=shard_set.guard
     )
     return data_loader(pipe, ctx, shuffle=True)
 

@@ -35,8 +35,8 @@ import torch
 from facebench import stages
 from facebench.config import LoaderConfig
 from facebench.errors import ShardError
-from facebench.loaders.base import Batch, LoaderContext, stamped
 from facebench.loaders.shardsets import OpenShardSet, open_shard_set
+from facebench.loaders.shared import Batch, LoaderContext, stamped
 from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits, Workers
 from facebench.resources import batch_bytes
 from facebench.shards import raw_format

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from facebench.errors import ShardError
-from facebench.loaders.base import LoaderContext
+from facebench.loaders.shared import LoaderContext
 from facebench.shards import formats
 from facebench.shards.build import ensure_shards
 from facebench.shards.manifest import Manifest

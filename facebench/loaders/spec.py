@@ -16,8 +16,8 @@ from enum import StrEnum
 
 from facebench.config import LoaderConfig
 from facebench.extras import Requirement
-from facebench.loaders.base import Batch, LoaderContext
 from facebench.loaders.shardsets import ensure_loader_shards, shard_files
+from facebench.loaders.shared import Batch, LoaderContext
 
 
 class Handover(StrEnum):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from facebench.config import LoaderConfig
-from facebench.loaders.base import Batch, LoaderContext
+from facebench.loaders.shared import Batch, LoaderContext
 from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits, Workers
 
 

@@ -27,22 +27,20 @@ import webdataset as wds
 
 from facebench import stages
 from facebench.config import Decoder, LoaderConfig
-from facebench.data.fast_decode import decode_resized, jpeg_components
-from facebench.data.images import decode_sample
+from facebench.data.fast_decode import jpeg_components
 from facebench.data.sources import CELEBA
 from facebench.data.transforms import Geometry
 from facebench.errors import ConfigError, FacebenchError, ShardError
-from facebench.loaders import base
-from facebench.loaders.base import (
+from facebench.loaders import shared
+from facebench.loaders.decoding import DecodeStage
+from facebench.loaders.plan import EpochPlan
+from facebench.loaders.shardsets import ShardGuard, ensure_loader_shards, open_shard_set
+from facebench.loaders.shared import (
     Batch,
     LoaderContext,
     data_loader,
-    stack,
     stamped,
-    uint8_batch,
 )
-from facebench.loaders.plan import EpochPlan
-from facebench.loaders.shardsets import ShardGuard, ensure_loader_shards, open_shard_set
 from facebench.loaders.spec import LoaderSpec, decoder_traits
 from facebench.shards.manifest import ShardEntry, read_index
 from facebench.shards.tar_format import IMAGE_KEYS
@@ -70,17 +68,13 @@ class Decode:
 
     def __init__(
         self,
-        decoder: str,
-        transform,
+        stage: DecodeStage,
         keep_jpeg: bool,
         folder: Path,
         shards: list[ShardEntry],
         guard: ShardGuard,
-        geometry: Geometry,
     ) -> None:
-        self.geometry = geometry
-        self.decoder = decoder
-        self.transform = transform
+        self.stage = stage
         self.keep_jpeg = keep_jpeg
         self.folder = folder
         self.shards = {shard.name: shard for shard in shards}
@@ -123,9 +117,7 @@ class Decode:
             return torch.frombuffer(bytearray(data), dtype=torch.uint8), label, sample_id
         source_path = os.fsdecode(sample.get("path", b""))
         name = f"{source_path} (sample {sample['__key__']} of {sample.get('__url__')})"
-        if self.decoder == "pil":
-            return self.transform(decode_sample(data, source, name)), label, sample_id
-        return decode_resized(data, source, name, self.geometry.resized), label, sample_id
+        return self.stage.sample(data, source, name), label, sample_id
 
 
 class ReadFailure:
@@ -148,27 +140,22 @@ class ReadFailure:
 
 
 class Collate:
-    """A list of decoded samples -> one Batch: finished (pil), or uint8 with crop offsets and,
-    with device_decode, the JPEGs still encoded."""
+    """A list of decoded samples -> one Batch, as the decode stage assembles it, or, with
+    device_decode, uint8 with crop offsets and the JPEGs still encoded."""
 
-    def __init__(self, decoder: str, keep_jpeg: bool, plan: EpochPlan) -> None:
-        self.decoder = decoder
+    def __init__(self, stage: DecodeStage, keep_jpeg: bool, plan: EpochPlan) -> None:
+        self.stage = stage
         self.keep_jpeg = keep_jpeg
         self.plan = plan
 
     def __call__(self, samples: list[tuple]) -> Batch:
-        start = stages.now()
         labels = torch.tensor([label for _, label, _ in samples])
         ids = torch.tensor([sample_id for _, _, sample_id in samples])
-        if self.decoder == "pil":
-            batch = Batch(stack([image for image, _, _ in samples]), labels, ids)
-        elif self.keep_jpeg:
-            images, packed, index = _pack_jpegs(samples, self.plan.geometry)
-            batch = Batch(images, labels, ids, self.plan.offsets(ids), (packed, index))
-        else:
-            images = stack([image for image, _, _ in samples])
-            batch = uint8_batch(images, labels, ids, self.plan)
-        return stamped(batch, start)
+        if not self.keep_jpeg:
+            return self.stage.batch([image for image, _, _ in samples], labels, ids)
+        start = stages.now()
+        images, packed, index = _pack_jpegs(samples, self.plan.geometry)
+        return stamped(Batch(images, labels, ids, self.plan.offsets(ids), (packed, index)), start)
 
 
 def _pack_jpegs(
@@ -195,16 +182,18 @@ _ENCODED_SAMPLE_BYTES = 32 * 2**10  # a sample waiting in the shuffle buffer, st
 
 
 def worker_memory(ctx: LoaderContext) -> int:
-    finished = ctx.options.decoder == "pil"
     held = ctx.options.shuffle_buffer * _ENCODED_SAMPLE_BYTES
-    return base.worker_memory(ctx, finished=finished, held=held)
+    return shared.worker_memory(ctx, finished=DecodeStage.of(ctx).finished, held=held)
 
 
 def prepare(ctx: LoaderContext) -> dict[str, float]:
     """Once per job: check the options, and build the tar shards if missing."""
     options: Options = ctx.options
-    if options.device_decode and options.decoder != "torchvision":
-        raise ConfigError("loader.device_decode=true needs loader.decoder=torchvision")
+    if options.device_decode and DecodeStage.of(ctx).finished:
+        raise ConfigError(
+            f"loader.device_decode=true needs a decoder whose batches the device finishes "
+            f"(loader.decoder=torchvision), not loader.decoder={options.decoder}"
+        )
     if options.device_decode and ctx.device.type != "cuda":
         log.warning("loader.device_decode=true needs a CUDA device; decoding on the CPU instead")
     return ensure_loader_shards(ctx, "tar")
@@ -213,23 +202,14 @@ def prepare(ctx: LoaderContext) -> dict[str, float]:
 def build(ctx: LoaderContext) -> Iterable[Batch]:
     options: Options = ctx.options
     shard_set = open_shard_set(ctx)
-    keep_jpeg = (
-        options.device_decode and ctx.device.type == "cuda" and options.decoder == "torchvision"
-    )
+    stage = DecodeStage.of(ctx)
+    keep_jpeg = options.device_decode and ctx.device.type == "cuda" and not stage.finished
     # A new shard order each epoch, drawn from the epoch plan's seed (the same on every rank:
     # they agree on the order, then split it) before split_by_worker hands each its share.
     plan = ctx.plan
     urls = shard_set.paths()
     urls = [urls[i] for i in np.random.default_rng(plan.seed).permutation(len(urls))]
-    decode = Decode(
-        options.decoder,
-        ctx.transform,
-        keep_jpeg,
-        shard_set.folder,
-        shard_set.manifest.shards,
-        shard_set.guard,
-        ctx.geometry,
-    )
+    decode = Decode(stage, keep_jpeg, shard_set.folder, shard_set.manifest.shards, shard_set.guard)
     pipeline = wds.DataPipeline(
         wds.SimpleShardList(urls),
         wds.split_by_node,
@@ -240,7 +220,7 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
         wds.map(decode),
         wds.batched(
             ctx.batch_size,
-            collation_fn=Collate(options.decoder, keep_jpeg, plan),
+            collation_fn=Collate(stage, keep_jpeg, plan),
             partial=False,
         ),
     )

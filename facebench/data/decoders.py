@@ -1,0 +1,50 @@
+"""The decoders a loader that decodes on the CPU can use (`loader.decoder`): each turns a file's
+bytes into a sample in two steps, `decode` (bytes -> the RGB image, CelebA cropped to its box)
+and `transform` (that image -> the sample), and says what its samples are.
+
+    pil          PIL decodes; the article's transform per sample (Resize, crop, ToTensor,
+                 Normalize): finished float samples, pixel for pixel the article's
+    torchvision  torchvision.io for grey and colour JPEGs, PIL for the rest (fast_decode.py);
+                 resized to transform.resize on a uint8 tensor: the device crops and
+                 normalizes whole batches (facebench.finish)
+
+Adding a decoder is one entry in `decoder` below (and its name in config.Decoder); every
+decoding loader then offers it, timed as its stages by loaders/decoding.py.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from facebench.config import Decoder as DecoderName
+from facebench.data import fast_decode
+from facebench.data.images import decode_sample
+from facebench.data.transforms import Geometry
+
+
+@dataclass(frozen=True)
+class Decoder:
+    name: str
+    # (bytes, source, name for errors) -> the decoded RGB image, CelebA cropped.
+    decode: Callable[[bytes, str, str], Any]
+    # The decoded image -> the sample.
+    transform: Callable[[Any], torch.Tensor]
+    # Whether its samples are finished (normalized float, the crop made) or uint8 images of
+    # transform.resize that the device finishes.
+    finished: bool
+
+
+def decoder(name: str, transform: Callable[[Any], torch.Tensor], geometry: Geometry) -> Decoder:
+    """The decoder `loader.decoder=<name>` names; `transform` is the article's per-sample
+    transform (with the run's crop and geometry), for the decoders that apply it."""
+    if name == DecoderName.pil:
+        return Decoder(name, decode_sample, transform, finished=True)
+    if name == DecoderName.torchvision:
+        resize = functools.partial(fast_decode.resized, size=geometry.resized)
+        return Decoder(name, fast_decode.decode_rgb, resize, finished=False)
+    raise ValueError(f"loader.decoder={name}: no such decoder")  # the schema refuses it first

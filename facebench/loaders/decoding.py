@@ -1,0 +1,78 @@
+"""The decode stage every loader that decodes on the CPU composes: a file (or its bytes) -> a
+sample -> a batch, with each step timed here, from outside the step, as the stages of
+facebench/stages.py: read, decode, transform, collate.
+
+    stage = DecodeStage.of(ctx)                  # the loader's decoder (loader.decoder)
+    samples = [stage.from_file(record) for record in records]      # read, decode, transform
+    batch = stage.batch(samples, labels, ids)                       # collate, stamped
+
+A loader keeps only what makes it that loader (where its records come from, how it orders and
+splits them, where its workers run); the decoder and the timing are chosen and done here once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from facebench import stages
+from facebench.data.decoders import Decoder, decoder
+from facebench.data.images import read_file
+from facebench.data.records import Record
+from facebench.loaders.plan import EpochPlan
+from facebench.loaders.shared import Batch, LoaderContext, stack, stamped, uint8_batch
+
+
+class DecodeStage:
+    """One loader's decoding, timed (picklable, for worker processes)."""
+
+    def __init__(self, chosen: Decoder, plan: EpochPlan) -> None:
+        self.decoder = chosen
+        self.plan = plan
+
+    @classmethod
+    def of(cls, ctx: LoaderContext) -> DecodeStage:
+        """The stage for ctx's loader: its `decoder` option (the article's PIL transform for
+        loaders that have none)."""
+        name = getattr(ctx.options, "decoder", "pil")
+        return cls(decoder(str(name), ctx.transform, ctx.geometry), ctx.plan)
+
+    @property
+    def finished(self) -> bool:
+        """Whether its batches are finished on the host (float) or uint8 for the device."""
+        return self.decoder.finished
+
+    def read(self, path: str) -> bytes:
+        start = stages.now()
+        data = read_file(path)
+        stages.lap(stages.READ, start)
+        return data
+
+    def sample(self, data: bytes, source: str, name: str) -> torch.Tensor:
+        """A file's bytes -> its sample: decode, then transform."""
+        start = stages.now()
+        image = self.decoder.decode(data, source, name)
+        start = stages.lap(stages.DECODE, start)
+        sample = self.decoder.transform(image)
+        stages.lap(stages.TRANSFORM, start)
+        return sample
+
+    def from_file(self, record: Record) -> torch.Tensor:
+        return self.sample(self.read(record.path), record.source, record.path)
+
+    def transformed(self, image: Any) -> torch.Tensor:
+        """An image decoded elsewhere (a pickle shard's) -> its sample."""
+        start = stages.now()
+        sample = self.decoder.transform(image)
+        stages.lap(stages.TRANSFORM, start)
+        return sample
+
+    def batch(self, samples: list[torch.Tensor], labels: torch.Tensor, ids: torch.Tensor) -> Batch:
+        """Samples -> one Batch, stamped with this thread's stage times: finished, or uint8
+        with the plan's crop offsets for the device."""
+        start = stages.now()
+        images = stack(samples)
+        if self.finished:
+            return stamped(Batch(images, labels, ids), start)
+        return stamped(uint8_batch(images, labels, ids, self.plan), start)
