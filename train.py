@@ -13,7 +13,7 @@ import math
 import hydra
 from omegaconf import DictConfig
 
-from facebench.jobs import configure, run_job
+from facebench.entry import configure, run_job
 from facebench.runner import run_training
 
 configure()

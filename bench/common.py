@@ -20,7 +20,7 @@ from hydra import compose, initialize_config_dir
 from facebench.config import typed
 from facebench.data.synthetic import synthetic_root
 from facebench.device import cpu_model
-from facebench.jobs import configure
+from facebench.entry import configure
 from facebench.paths import PROJECT_ROOT, cache_dir
 from facebench.stages import WORKER_STAGES
 from facebench.tables import markdown

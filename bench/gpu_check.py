@@ -7,7 +7,7 @@ Steps: the gpu-marked tests; a synthetic set of --n-images (100,000 by default) 
 format built for it (one prepare.py sweep); then every loader with n_workers=--workers, three
 ways, in two Hydra sweeps (one process each, MLflow off): loader-only stopping at the hand-over
 (host_only=true) and loader-only with the copy and finishing on the GPU; then with ResNet-50
-under AMP, beside the compute ceiling (loader=synthetic, ResNet-50). Prints a table (images/s,
+under AMP, beside the compute ceiling (loader=ceiling, ResNet-50). Prints a table (images/s,
 steady images/s, gpu_busy_frac, gpu_util_mean, data_wait_frac, first batch) and writes it into
 docs/benchmarks.md with the date, GPU, CPU cores and versions (--no-write to skip). Loaders
 whose library is not installed (dali, litdata) are skipped, and the table says so.
@@ -199,13 +199,13 @@ def main(argv: list[str] | None = None) -> int:
     host = ["model=none", "host_only=true,false"]
     jobs = sweep(loaders, host, common, scratch / "loader-only", env)
     model = _DRY_MODEL if dry else ["model=resnet50", "amp=auto"]
-    jobs |= sweep([*loaders, "synthetic"], model, common, scratch / "resnet50", env)
+    jobs |= sweep([*loaders, "ceiling"], model, common, scratch / "resnet50", env)
     rows = [
         row(mode, loader, jobs.get((loader, host_only, model_name)))
         for mode, (model_name, host_only) in MODES.items()
         for loader in loaders
     ]
-    rows.append(row("compute ceiling", "synthetic", jobs.get(("synthetic", False, "resnet50"))))
+    rows.append(row("compute ceiling", "ceiling", jobs.get(("ceiling", False, "resnet50"))))
     header = [
         "mode",
         "loader",

@@ -7,7 +7,7 @@
 Each (loader, n_workers, cache) runs as its own `python train.py` process (so no run inherits
 another's memory or workers), with MLflow off; its results.json is read back. Prints a Markdown
 table and writes it into docs/benchmarks.md (--no-write to skip). Every number comes from the runs
-just made. Then the compute ceilings: loader=synthetic with each --ceiling-models model, which on a
+just made. Then the compute ceilings: loader=ceiling with each --ceiling-models model, which on a
 CPU shows how far below any loader the model trains.
 """
 
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
                 run_train(
                     scratch,
                     [
-                        "loader=synthetic",
+                        "loader=ceiling",
                         f"model={model}",
                         "n_workers=0",
                         f"max_batches={args.ceiling_batches}",
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     text += f" Share of it reached: {'; '.join(shares)}.\n" if shares else "\n"
     if ceilings:
         text += (
-            f"\nCompute ceilings (loader=synthetic: one batch on the device, no I/O; "
+            f"\nCompute ceilings (loader=ceiling: one batch on the device, no I/O; "
             f"{args.ceiling_batches} batches of {args.batch_size}):\n\n"
             + table(["model", "images/s", "steady images/s"], ceilings)
         )

@@ -58,9 +58,13 @@ class Decoder(StrEnum):
     pil = "pil"  # the article's PIL transform, per sample
 
 
-class WorkerKind(StrEnum):
-    process = "process"
-    thread = "thread"
+class Workers(StrEnum):
+    """Where a loader's work runs (its traits), and loader.method's choice for those that
+    offer one (nodes: process or thread)."""
+
+    process = "process"  # worker processes (batches cross between processes)
+    thread = "thread"  # threads of the loop's own process
+    none = "none"  # everything in the loop itself
 
 
 class DataLayout(StrEnum):

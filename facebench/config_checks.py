@@ -128,10 +128,15 @@ def _range_problems(cfg: DictConfig) -> list[str]:
 def _mode_problems(cfg: DictConfig) -> list[str]:
     """Choices that contradict each other."""
     problems = []
-    if OmegaConf.select(cfg, "loader.name") == "synthetic" and cfg.model == "none":
+    if OmegaConf.select(cfg, "loader.name") == "ceiling" and cfg.model == "none":
         problems.append(
-            "loader=synthetic with model=none measures nothing: it hands the same batch, already "
+            "loader=ceiling with model=none measures nothing: it hands the same batch, already "
             "on the device, to no model. It is the compute ceiling: use it with a model"
+        )
+    if OmegaConf.select(cfg, "loader.method") == "none":
+        problems.append(
+            "loader.method=none: this loader's workers run as processes or threads "
+            "(loader.method=process or thread); n_workers=0 runs its work in the loop itself"
         )
     if OmegaConf.select(cfg, "host_only") and cfg.model != "none":
         problems.append(

@@ -157,7 +157,7 @@ def _timed_epoch(
     device = settings.device
     meter, busy = EpochMeter(device, in_flight=settings.in_flight), DeviceBusy(device)
     monitor = UsageMonitor(device, settings.sample_hz)
-    monitor.prepare()  # NVML start-up, outside the clock
+    monitor.open_gpu()  # NVML start-up, outside the clock
     bar = epoch_progress(settings.expected_images, settings.description)
     seen = _Seen()
     totals = stages.begin_epoch(settings.stage_times)  # before any worker is forked

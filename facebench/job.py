@@ -10,10 +10,12 @@ from typing import Any
 import torch
 
 from facebench.config import TrainConfig
+from facebench.data.records import LabelSpace
 from facebench.device import Precision, hardware_tags, resolve_device, resolve_precision
 from facebench.distributed import World, world_from_env
 from facebench.distributed import start as start_distributed
 from facebench.tracking import flatten, git_commit
+from facebench.training import Trainer, build_trainer
 
 
 def run_name(cfg: TrainConfig, precision: str) -> str:
@@ -37,6 +39,22 @@ class Job:
         device = resolve_device(cfg.device, world.local_rank, world.distributed)
         start_distributed(world, device)
         return cls(world, device, resolve_precision(cfg.amp, device))
+
+    def trainer(self, cfg: TrainConfig, labels: LabelSpace) -> Trainer | None:
+        """The configured model's training step on this job's device and precision; None for
+        model=none (the loader alone)."""
+        if cfg.model == "none":
+            return None
+        return build_trainer(
+            cfg.model,
+            labels.n_classes,
+            self.device,
+            self.precision,
+            lr=cfg.lr,
+            momentum=cfg.momentum,
+            weight_decay=cfg.weight_decay,
+            distributed=self.world.distributed,
+        )
 
     def name(self, cfg: TrainConfig) -> str:
         name = run_name(cfg, self.precision.name)

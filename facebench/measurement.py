@@ -19,7 +19,7 @@ from facebench.job import Job
 from facebench.loaders.shared import LoaderContext
 from facebench.loaders.spec import LoaderSpec
 from facebench.meter import MIN_STEADY_BATCHES
-from facebench.pagecache import prepare_cache, resident_fraction
+from facebench.pagecache import resident_fraction, set_page_cache
 from facebench.tracking import Tracker
 from facebench.training import Trainer
 
@@ -66,7 +66,7 @@ def measure(
     for step in range(n_measured):
         epoch_ctx = replace(ctx, epoch=step)  # reshuffles, identically on every rank
         if job.world.local_rank == 0:
-            prepare_cache(cfg.cache, files)  # one page cache per machine: one rank prepares it
+            set_page_cache(cfg.cache, files)  # one page cache per machine: one rank prepares it
         barrier(job.world)
         cache_metrics = _cache_state(files)
         settings = replace(settings, description=f"epoch {step + 1}/{n_measured}")
@@ -78,7 +78,7 @@ def measure(
         epochs.append(epoch_metrics)
         if job.world.is_main:
             _log_epoch(step, epoch_metrics)
-        if not cfg.max_batches and not loader.synthetic:
+        if not cfg.max_batches and not loader.ceiling:
             check_exactly_once(cfg, loader, len(ctx.records), epoch_metrics)
     return epochs
 

@@ -102,7 +102,7 @@ def resident_fraction(paths: Iterable[str | Path]) -> float:
     return resident / pages if pages else 1.0
 
 
-def prepare_cache(mode: str, paths: list[str]) -> None:
+def set_page_cache(mode: str, paths: list[str]) -> None:
     """Put the run's files in the requested cache state (a CacheMode)."""
     mode = choice(CacheMode, mode, "cache")
     if mode == CacheMode.cold:

@@ -29,12 +29,13 @@ warnings.filterwarnings("ignore", message="This DataLoader will create", categor
 _FLOAT_BYTES = 4
 
 
-def batch_bytes(batch_size: int, image_shape: tuple[int, ...], finished: bool = True) -> int:
-    """A batch's images: float32 when finished on the host, uint8 when the device finishes."""
+def batch_bytes(batch_size: int, image_shape: tuple[int, ...], normalized: bool = True) -> int:
+    """A batch's images: float32 when normalized on the host, uint8 when the device finishes
+    them."""
     pixels = batch_size
     for size in image_shape:
         pixels *= size
-    return pixels * (_FLOAT_BYTES if finished else 1)
+    return pixels * (_FLOAT_BYTES if normalized else 1)
 
 
 def usable_cores() -> int:

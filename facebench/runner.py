@@ -15,18 +15,14 @@ import torch
 
 from facebench import loaders, stages
 from facebench.config import TrainConfig
-from facebench.data.job_data import JobData, prepare_data
-from facebench.data.records import LabelSpace
-from facebench.distributed import World, barrier
+from facebench.data.job_data import JobData, list_data
 from facebench.errors import Interrupted, TrackingLost, interruption
 from facebench.job import Job
 from facebench.loaders.shared import LoaderContext
 from facebench.loaders.spec import LoaderSpec
 from facebench.measurement import measure, summarise
-from facebench.resources import check_workers
 from facebench.results import TRACKING_LOGGED, TRACKING_LOST, JobResults, now_ms
 from facebench.tracking import UPLOAD_COMMAND, Tracker, tracking_uri, ui_command
-from facebench.training import Trainer, build_trainer
 
 log = logging.getLogger(__name__)
 
@@ -93,11 +89,11 @@ def _get_ready(cfg: TrainConfig, job: Job, results: JobResults) -> _Ready:
     the loader's library, its shards built, its workers held against the memory."""
     try:
         _seed_everything(cfg.seed)
-        data = prepare_data(cfg, job.world)
+        data = list_data(cfg, job.world)
         results.metrics.update(data.metrics())
         loader = loaders.get(cfg.loader.name)
         ctx = loaders.context(cfg, loader, data.listing, job.device, job.world)
-        results.metrics.update(prepare_loader(cfg, loader, ctx, job.world))
+        results.metrics.update(loaders.set_up(cfg, loader, ctx, job.world))
     except BaseException as error:
         stop = interruption(error)
         if stop is None:
@@ -166,7 +162,7 @@ def _run(cfg: TrainConfig, job: Job, tracker: Tracker, results: JobResults, read
     metrics, labels = results.metrics, data.listing.labels
     if results.classes:
         tracker.log_dict(results.classes, "classes.json")
-    trainer = trainer_for(cfg, job, labels)
+    trainer = job.trainer(cfg, labels)
     log.info(
         "data %s (%d samples, %d classes), loader=%s, model=%s%s, %s on %s, cache=%s",
         ctx.data_root,
@@ -200,41 +196,6 @@ def data_label(cfg: TrainConfig, root: Path, n_samples: int) -> str:
     elif name == "synthetic" and cfg.data.layout != "faces":
         name = f"synthetic {cfg.data.layout}"
     return f"{name} {n_samples:,}"
-
-
-def prepare_loader(
-    cfg: TrainConfig, loader: LoaderSpec, ctx: LoaderContext, world: World
-) -> dict[str, float]:
-    """The loader's preparation, once per job, outside the clock: its library checked first,
-    its shards built if missing; then the check that its workers fit this machine. Rank 0
-    first: it builds what the others then reuse."""
-    loader.require(cfg.loader.name)
-    metrics = loader.prepare_job(ctx)
-    if world.is_main:
-        barrier(world)
-    check_workers(
-        cfg.loader.name,
-        cfg.n_workers,
-        loader.worker_memory(ctx),
-        processes_per_machine=world.local_world_size,
-        enabled=cfg.resource_check,
-    )
-    return metrics
-
-
-def trainer_for(cfg: TrainConfig, job: Job, labels: LabelSpace) -> Trainer | None:
-    if cfg.model == "none":
-        return None
-    return build_trainer(
-        cfg.model,
-        labels.n_classes,
-        job.device,
-        job.precision,
-        lr=cfg.lr,
-        momentum=cfg.momentum,
-        weight_decay=cfg.weight_decay,
-        distributed=job.world.distributed,
-    )
 
 
 def _seed_everything(seed: int) -> None:

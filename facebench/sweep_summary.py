@@ -2,7 +2,7 @@
 
 A Hydra callback: each job wrote its results.json into the sweep's folder (<sweep dir>/<job>/);
 this reads them back in job order, so the table holds failed and stopped jobs too. A failed job
-does not stop the sweep (facebench.jobs): the summary says which failed, which finished but are
+does not stop the sweep (facebench.entry): the summary says which failed, which finished but are
 not in MLflow (and the command that puts them there), and ends the sweep with an exit status:
 1 if any job failed or recorded nothing, else 3 if any run is not in MLflow, else 0.
 """

@@ -121,7 +121,7 @@ class UsageMonitor:
         self._last: dict[int, Counters] = {}  # each process's latest counters
         self._wall_start = 0.0
 
-    def prepare(self) -> None:
+    def open_gpu(self) -> None:
         """Find the GPU in NVML (slow the first time): call before the epoch clock starts."""
         if self.device.type == "cuda":
             try:

@@ -19,11 +19,11 @@ from hydra import compose, initialize_config_dir
 
 from facebench import loaders
 from facebench.config import typed
-from facebench.data.check import list_usable
+from facebench.data.listing import list_usable
 from facebench.data.location import data_root
+from facebench.entry import configure, install_process_handlers, user_message
 from facebench.epoch import EpochSettings, run_epoch
 from facebench.errors import FacebenchError
-from facebench.jobs import configure, install_process_handlers, user_message
 from facebench.paths import PROJECT_ROOT
 
 
@@ -64,7 +64,7 @@ def break_one(loader: str, mode: str, cache: str) -> None:
     module = loaders.get(loader)
     listing = list_usable(root, "raise", Path(cache))
     ctx = loaders.context(cfg, module, listing, torch.device("cpu"))
-    module.prepare_job(ctx)
+    module.set_up_job(ctx)
     me = psutil.Process()
 
     def build():

@@ -18,7 +18,7 @@ from PIL import Image
 
 from facebench.config import typed
 from facebench.data.synthetic import ensure_synthetic
-from facebench.jobs import configure
+from facebench.entry import configure
 from facebench.paths import PROJECT_ROOT
 from tests.helpers import FAST_LOADERS, LOADERS
 

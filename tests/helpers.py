@@ -11,15 +11,16 @@ import psutil
 import torch
 
 from facebench import loaders
-from facebench.data.check import list_usable
+from facebench.config import Workers
 from facebench.data.images import open_sample
+from facebench.data.listing import list_usable
 from facebench.data.location import data_layout
 from facebench.data.sources import FACES, Layout, read_records
 from facebench.data.transforms import ARTICLE, Geometry, article_transform
 from facebench.distributed import World
 from facebench.finish import Finisher
 from facebench.loaders.shared import Batch, LoaderContext
-from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Workers
+from facebench.loaders.spec import Handover, LoaderSpec, Pixels
 from facebench.paths import cache_dir
 
 Samples = dict[int, tuple[torch.Tensor, int]]
@@ -28,7 +29,7 @@ Samples = dict[int, tuple[torch.Tensor, int]]
 LOADERS = loaders.names(real_only=True)
 TRAITS = {name: loaders.get(name).traits_for() for name in LOADERS}
 # Loaders with no worker process to lose (threads of the loop's process, or none).
-THREADED = [name for name in LOADERS if TRAITS[name].workers != Workers.processes]
+THREADED = [name for name in LOADERS if TRAITS[name].workers != Workers.process]
 # torchvision.io or DALI decoding and resampling: the same pixels within a few grey levels.
 CLOSE = [name for name in LOADERS if TRAITS[name].pixels == Pixels.close]
 UINT8 = [name for name in LOADERS if TRAITS[name].handover == Handover.uint8]
@@ -53,7 +54,7 @@ def prepared(cfg, root: Path, device: str = "cpu") -> tuple[LoaderSpec, LoaderCo
     """cfg's loader and its context, with the job's preparation done (shards built)."""
     ctx = context(cfg, root, device)
     spec = loaders.get(cfg.loader.name)
-    spec.prepare_job(ctx)
+    spec.set_up_job(ctx)
     return spec, ctx
 
 

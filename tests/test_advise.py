@@ -73,7 +73,7 @@ def test_advise_without_a_model_says_so_and_names_no_loader(make_cfg):
         advise(make_cfg("model=none", "budget_s=5", config_name="advise"))
     message = str(raised.value)
     assert message.startswith("model=none: advise finds the loaders that keep a model fed")
-    assert "loader=" not in message  # the user chose none (it once blamed loader=synthetic)
+    assert "loader=" not in message  # the user chose none (it once blamed the compute ceiling)
 
 
 @pytest.mark.slow
@@ -167,13 +167,13 @@ class _Steps:
 
 def _ceiling(make_cfg, monkeypatch, trainer: _Steps, seconds: float):
     from facebench.advise import ceiling
-    from facebench.data.job_data import prepare_data
+    from facebench.data.job_data import list_data
     from facebench.job import Job
 
-    monkeypatch.setattr(ceiling, "trainer_for", lambda *args: trainer)
+    monkeypatch.setattr(Job, "trainer", lambda *args: trainer)
     cfg = make_cfg("model=resnet18", "amp=off", "batch_size=100", config_name="advise")
     job = Job.start(cfg)
-    return ceiling.measure_ceiling(cfg, job, prepare_data(cfg, job.world), seconds)
+    return ceiling.measure_ceiling(cfg, job, list_data(cfg, job.world), seconds)
 
 
 def test_the_ceiling_leaves_warm_up_steps_out_and_takes_the_median(make_cfg, monkeypatch):

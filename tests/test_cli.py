@@ -140,17 +140,17 @@ def test_bad_value_fails_with_one_clear_line(tmp_path, cache, isolated_env):
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["loader=datapipes"], "loader=datapipes: no such choice (conf/loader/ holds dali, "),
+        (["loader=datapipes"], "loader=datapipes: no such choice (conf/loader/ holds ceiling, "),
         (["loader=datapipes"], "; did you mean loader=datapipe?"),
         (["data=celeb"], "data=celeb: no such choice (conf/data/ holds celeba_digiface, folder, "),
         (["data=celeb"], "did you mean data=celeba_digiface?"),
         (["-m", "n_workers=1", "loader=dataset,pickl"], "did you mean loader=pickle?"),
         (["experiment=artcle"], "did you mean experiment=article?"),
-        (["loader=zzzzzz"], "loader=zzzzzz: no such choice (conf/loader/ holds dali, "),
+        (["loader=zzzzzz"], "loader=zzzzzz: no such choice (conf/loader/ holds ceiling, "),
     ],
 )
 def test_an_unknown_choice_names_the_real_ones_and_the_closest(args, says):
-    from facebench.jobs import unknown_choice
+    from facebench.entry import unknown_choice
 
     said = unknown_choice(args)
     assert said is not None and says in said
@@ -168,7 +168,7 @@ def test_an_unknown_choice_names_the_real_ones_and_the_closest(args, says):
     ],
 )
 def test_real_choices_pass(args):
-    from facebench.jobs import unknown_choice
+    from facebench.entry import unknown_choice
 
     assert unknown_choice(args) is None
 
@@ -196,7 +196,7 @@ def test_an_unknown_choice_is_one_line_from_the_command_line(tmp_path, cache, is
         ("on_bad_sample=ignore", ValidationError, "expected one of [raise, skip]"),
         ("loader.crop=left", ValidationError, "expected one of [random, center]"),
         ("loader=nodes loader.decoder=fast", ValidationError, "expected one of [torchvision, pil]"),
-        ("loader=nodes loader.method=fork", ValidationError, "expected one of [process, thread]"),
+        ("loader=nodes loader.method=fork", ValidationError, "expected one of [process, thread,"),
     ],
 )
 def test_bad_config_fails_at_compose_time(make_cfg, override, error, says):
@@ -216,6 +216,7 @@ def test_bad_config_fails_at_compose_time(make_cfg, override, error, says):
         ("data=celeba_digiface", "data.root is empty"),
         ("loader=datapipe loader.shuffle_buffer=0", "loader.shuffle_buffer=0: must be at least 1"),
         ("seed=-1", "seed=-1: use a seed from 0 to 2"),
+        ("loader=nodes loader.method=none", "loader.method=none: this loader's workers run as"),
         (f"seed={2**32}", f"seed={2**32}: use a seed from 0 to 2"),
         ("data.seed=-3", "data.seed=-3: use a seed from 0 to 2"),
         ("data.root=/data/faces", "data.root=/data/faces: data=synthetic generates its own"),
@@ -322,3 +323,22 @@ def test_the_article_comparison_on_a_real_layout_tree(tmp_path, cache, isolated_
     assert all(r.data.tags.get("facebench.kind") != "report" for r in runs(tmp_path))
     reports = mlflow.search_runs(experiment_names=["facebench-reports"], output_format="list")
     assert [r.info.run_name for r in reports] == [f"report-{recorded[0].data.tags['sweep_id']}"]
+
+
+@pytest.mark.parametrize(
+    ("arg", "now", "noted"),
+    [
+        ("loader=synthetic", "loader=ceiling", True),
+        ("loader=dataset,synthetic", "loader=dataset,ceiling", True),
+        ("data=synthetic", "data=synthetic", False),  # the generated data keeps its name
+        ("+experiment=article", "experiment=article", False),
+        ("n_workers=5,10", "n_workers=5,10", False),
+    ],
+)
+def test_old_spellings_still_run_with_a_note(arg, now, noted, capsys):
+    from facebench.entry import spelled_now
+
+    assert spelled_now(arg) == now
+    note = capsys.readouterr().err
+    assert ("running loader=ceiling" in note) == noted
+    assert note.count("\n") == int(noted)  # one line

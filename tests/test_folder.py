@@ -203,7 +203,7 @@ def test_every_loader_follows_the_configured_geometry(make_cfg, tmp_path, folder
     )
     spec, ctx = loaders.get(name), context(cfg, folder_root)
     assert ctx.geometry == Geometry(64, 48, (0.5, 0.4, 0.3), (0.25, 0.2, 0.3))
-    spec.prepare_job(ctx)
+    spec.set_up_job(ctx)
     seen = delivered(spec.build(ctx), geometry=ctx.geometry)
     assert all(image.shape == (3, 48, 48) for image, _ in seen.values())
     truth = expected(folder_root, FOLDER, ctx.geometry)

@@ -39,4 +39,4 @@ def test_the_gpu_check_runs_every_step_on_a_cpu(tmp_path, cache, synthetic_root)
         for loader in loaders:
             ran = any(row.startswith(f"| {mode} | {loader} | ") for row in finished)
             assert ran, (mode, loader, result.stderr[-2000:])
-    assert any(row.startswith("| compute ceiling | synthetic |") for row in finished)
+    assert any(row.startswith("| compute ceiling | ceiling |") for row in finished)

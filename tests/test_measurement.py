@@ -171,7 +171,7 @@ def test_summarise_takes_medians():
 
 @pytest.mark.slow
 def test_compute_ceiling_loader_runs_without_files(make_cfg):
-    metrics = run_training(make_cfg("loader=synthetic", "model=resnet18", "amp=off"))
+    metrics = run_training(make_cfg("loader=ceiling", "model=resnet18", "amp=off"))
     assert metrics["samples_seen"] == 120
     assert "order_corr" not in metrics  # no real samples to order
     assert "cache_resident_frac" not in metrics

@@ -14,8 +14,8 @@ import pytest
 from PIL import Image
 
 from facebench.data.fast_decode import encoded_size
+from facebench.entry import user_message
 from facebench.errors import DataError, FacebenchError
-from facebench.jobs import user_message
 from facebench.paths import PROJECT_ROOT
 from facebench.runner import run_training
 from facebench.shards.prepare import run_prepare

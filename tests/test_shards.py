@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from facebench.data.sources import read_records
+from facebench.entry import user_message
 from facebench.errors import ShardError
-from facebench.jobs import user_message
 from facebench.loaders import pickle as pickle_loader
 from facebench.runner import run_training
 from facebench.shards import pickle_format
@@ -181,7 +181,7 @@ def test_shards_rebuilt_during_the_run_are_refused_in_one_line(
     cfg = make_cfg(f"loader={loader}", f"shards_dir={tmp_path}", "shard_size=20", "batch_size=4")
     module = loaders.get(loader)
     ctx = context(cfg, synthetic_root)
-    module.prepare_job(ctx)
+    module.set_up_job(ctx)
     batches = iter(module.build(ctx))
     next(batches)
     ensure_shards(ctx.data_root, ctx.shards_dir, ctx.shards_dir.name, seed=1, shard_size=20)
@@ -234,7 +234,7 @@ def test_raw_reads_the_shards_it_opened_even_if_they_are_rebuilt(
     cfg = make_cfg("loader=raw", f"shards_dir={tmp_path}", "shard_size=20", "batch_size=4")
     module = loaders.get("raw")
     ctx = context(cfg, synthetic_root)
-    module.prepare_job(ctx)
+    module.set_up_job(ctx)
     batches = iter(module.build(ctx))
     first = next(batches)
     ensure_shards(ctx.data_root, ctx.shards_dir, "raw", seed=1, shard_size=20)

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from facebench.entry import user_message
 from facebench.errors import ShardError
-from facebench.jobs import user_message
 from facebench.runner import run_training
 from facebench.shards import pickle_format
 from facebench.shards.manifest import Manifest

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 import torch
 
 from facebench import loaders
-from facebench.config import LoaderConfig
+from facebench.config import LoaderConfig, Workers
 from facebench.loaders.decoding import DecodeStage
 from facebench.loaders.shared import Batch, LoaderContext
-from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits, Workers
+from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits
 
 
 def build(ctx: LoaderContext) -> Iterator[Batch]:
@@ -32,6 +32,6 @@ LOADER = LoaderSpec(
     options=LoaderConfig,
     build=build,
     worker_memory=lambda ctx: 0,  # no workers
-    traits=Traits(Handover.finished, Pixels.exact, Workers.none),
+    traits=Traits(Handover.normalized, Pixels.exact, Workers.none),
 )
 loaders.register("throwaway", LOADER)

@@ -5,7 +5,7 @@ import hydra
 from omegaconf import DictConfig
 
 from facebench.advise.run import run_advise
-from facebench.jobs import configure, run_job
+from facebench.entry import configure, run_job
 from facebench.paths import PROJECT_ROOT
 
 configure()

@@ -25,9 +25,8 @@ from facebench.config import AdviseConfig
 from facebench.data.job_data import JobData
 from facebench.device import synchronize
 from facebench.job import Job
-from facebench.loaders import synthetic
+from facebench.loaders import ceiling
 from facebench.loaders.shared import LoaderContext
-from facebench.runner import trainer_for
 from facebench.training import Trainer
 
 PROBE_BATCH = 8  # images per step while timing one step
@@ -37,7 +36,7 @@ MIN_STEPS = 5  # timed steps of the measured batch, at least,
 MIN_SECONDS = 3.0  # for at least this long, where the budget allows
 # Timed steps whose spread ((slowest - fastest) / median) is above this: a noisy measurement.
 NOISY_SPREAD = 0.25
-CEILING = loaders.get("synthetic")
+CEILING = loaders.get("ceiling")
 
 
 @dataclass(frozen=True)
@@ -78,8 +77,8 @@ class Ceiling:
 def measure_ceiling(cfg: AdviseConfig, job: Job, data: JobData, seconds: float) -> Ceiling:
     """The model's training rate with nothing to wait for, measured within about `seconds`."""
     started = time.perf_counter()
-    cfg = with_loader(cfg, "synthetic")
-    trainer = trainer_for(cfg, job, data.listing.labels)
+    cfg = with_loader(cfg, "ceiling")
+    trainer = job.trainer(cfg, data.listing.labels)
     assert trainer is not None  # advise refuses model=none
     ctx = loaders.context(cfg, CEILING, data.listing, job.device)
     asked = cfg.batch_size
@@ -121,7 +120,7 @@ def _step_times(
 ) -> list[float]:
     """Seconds of each timed training step on one synthetic batch of ctx.batch_size: WARMUP_STEPS
     first, untimed, then at least `min_steps` and at least `min_seconds` of them."""
-    batch = next(iter(synthetic.build(ctx)))
+    batch = next(iter(ceiling.build(ctx)))
     for _ in range(WARMUP_STEPS):
         trainer.step(batch.images, batch.labels)
     synchronize(ctx.device)

@@ -14,7 +14,6 @@ from facebench.data.job_data import JobData
 from facebench.epoch import EpochSettings, run_epoch
 from facebench.job import Job
 from facebench.resources import usable_cores
-from facebench.runner import prepare_loader
 from facebench.shards.manifest import Manifest
 
 log = logging.getLogger("facebench.advise")
@@ -83,7 +82,7 @@ def measure_loader(
     cfg = with_loader(cfg, name, model="none", host_only=True)
     spec = loaders.get(name)
     ctx = loaders.context(cfg, spec, data.listing, job.device)
-    prepare_loader(cfg, spec, ctx, job.world)
+    loaders.set_up(cfg, spec, ctx, job.world)
     manifest = Manifest.read(ctx.shards_dir) if spec.shard_format is not None else None
     if manifest is not None:
         measured.prepare_s = manifest.prepare_s  # as long as building took, now or before

@@ -14,7 +14,7 @@ from facebench.advise.ceiling import measure_ceiling
 from facebench.advise.chart import chart
 from facebench.advise.measure import RUN_S, Measured, measure_loader, worker_counts
 from facebench.config import AdviseConfig
-from facebench.data.job_data import JobData, prepare_data
+from facebench.data.job_data import JobData, list_data
 from facebench.data.location import data_layout
 from facebench.data.subset import subset_tree
 from facebench.errors import ConfigError, FacebenchError
@@ -49,7 +49,7 @@ def advise(cfg: AdviseConfig) -> Advice:
     cfg = replace(cfg, n_workers=max(counts))  # what the resource check looks at
     deadline = started + cfg.budget_s
     job = Job.start(cfg)
-    full = prepare_data(cfg, job.world)
+    full = list_data(cfg, job.world)
     cfg, data = _subset(cfg, full, job)
     share = min(CEILING_SHARE * cfg.budget_s, deadline - time.perf_counter())
     ceiling = measure_ceiling(cfg, job, data, share)
@@ -100,7 +100,7 @@ def _subset(cfg: AdviseConfig, full: JobData, job: Job) -> tuple[AdviseConfig, J
         labels="labels.csv" if layout.labels else "",
     )
     cfg = replace(cfg, data=data)
-    return cfg, prepare_data(cfg, job.world)
+    return cfg, list_data(cfg, job.world)
 
 
 def _each_loader(

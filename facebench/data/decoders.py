@@ -3,7 +3,7 @@ bytes into a sample in two steps, `decode` (bytes -> the RGB image, CelebA cropp
 and `transform` (that image -> the sample), and says what its samples are.
 
     pil          PIL decodes; the article's transform per sample (Resize, crop, ToTensor,
-                 Normalize): finished float samples, pixel for pixel the article's
+                 Normalize): normalized float samples, pixel for pixel the article's
     torchvision  torchvision.io for grey and colour JPEGs, PIL for the rest (fast_decode.py);
                  resized to transform.resize on a uint8 tensor: the device crops and
                  normalizes whole batches (facebench.finish)
@@ -34,17 +34,17 @@ class Decoder:
     decode: Callable[[bytes, str, str], Any]
     # The decoded image -> the sample.
     transform: Callable[[Any], torch.Tensor]
-    # Whether its samples are finished (normalized float, the crop made) or uint8 images of
-    # transform.resize that the device finishes.
-    finished: bool
+    # Whether its samples are normalized floats, the crop made, or uint8 images of
+    # transform.resize that the device finishes (facebench.finish).
+    normalized: bool
 
 
 def decoder(name: str, transform: Callable[[Any], torch.Tensor], geometry: Geometry) -> Decoder:
     """The decoder `loader.decoder=<name>` names; `transform` is the article's per-sample
     transform (with the run's crop and geometry), for the decoders that apply it."""
     if name == DecoderName.pil:
-        return Decoder(name, decode_sample, transform, finished=True)
+        return Decoder(name, decode_sample, transform, normalized=True)
     if name == DecoderName.torchvision:
         resize = functools.partial(fast_decode.resized, size=geometry.resized)
-        return Decoder(name, fast_decode.decode_rgb, resize, finished=False)
+        return Decoder(name, fast_decode.decode_rgb, resize, normalized=False)
     raise ValueError(f"loader.decoder={name}: no such decoder")  # the schema refuses it first

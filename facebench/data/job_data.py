@@ -6,8 +6,8 @@ import time
 from dataclasses import dataclass
 
 from facebench.config import TrainConfig
-from facebench.data.check import Listing, list_usable
 from facebench.data.images import set_max_pixels
+from facebench.data.listing import Listing, list_usable
 from facebench.data.location import data_layout, data_root
 from facebench.distributed import World, barrier
 from facebench.errors import ConfigError
@@ -27,7 +27,7 @@ class JobData:
         return {"samples_skipped": float(self.skipped), "listing_s": self.listing_s}
 
 
-def prepare_data(cfg: TrainConfig, world: World) -> JobData:
+def list_data(cfg: TrainConfig, world: World) -> JobData:
     """Generate (synthetic) or find the data, list every sample, check the files are usable."""
     set_max_pixels(cfg.data.max_pixels)  # before any worker is forked: they inherit it
     if not world.is_main:  # rank 0 generates (or checks) the data; the others wait and reuse it

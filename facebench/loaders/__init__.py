@@ -15,14 +15,15 @@ import torch
 from hydra.core.config_store import ConfigStore
 
 from facebench.config import TrainConfig
-from facebench.data.check import Listing
+from facebench.data.listing import Listing
 from facebench.data.location import data_layout
 from facebench.data.transforms import Geometry, article_transform
-from facebench.distributed import World
+from facebench.distributed import World, barrier
 from facebench.errors import ConfigError
 from facebench.loaders.shared import LoaderContext
 from facebench.loaders.spec import LoaderSpec
 from facebench.paths import PROJECT_ROOT, cache_dir, shards_root
+from facebench.resources import check_workers
 
 CONFIGS = PROJECT_ROOT / "conf" / "loader"
 _registered: dict[str, LoaderSpec] = {}
@@ -32,7 +33,7 @@ def names(real_only: bool = False) -> list[str]:
     """Every loader (conf/loader/ and registered ones); real_only: those that read real samples
     (not the compute ceiling)."""
     every = sorted({path.stem for path in CONFIGS.glob("*.yaml")} | set(_registered))
-    return [name for name in every if not (real_only and get(name).synthetic)]
+    return [name for name in every if not (real_only and get(name).ceiling)]
 
 
 def get(name: str) -> LoaderSpec:
@@ -59,6 +60,26 @@ def refuse_unknown(requested: list[str], key: str) -> None:
         raise ConfigError(
             f"{key}: {', '.join(unknown)} is no loader; choose from {', '.join(choices)}"
         )
+
+
+def set_up(
+    cfg: TrainConfig, spec: LoaderSpec, ctx: LoaderContext, world: World
+) -> dict[str, float]:
+    """The loader's setup, once per job, outside the clock: its library checked first, its
+    shards built if missing; then the check that its workers fit this machine. Rank 0 first:
+    it builds what the others then reuse. Its metrics (the shards' build time, say)."""
+    spec.require(cfg.loader.name)
+    metrics = spec.set_up_job(ctx)
+    if world.is_main:
+        barrier(world)
+    check_workers(
+        cfg.loader.name,
+        cfg.n_workers,
+        spec.worker_memory(ctx),
+        processes_per_machine=world.local_world_size,
+        enabled=cfg.resource_check,
+    )
+    return metrics
 
 
 def register(name: str, spec: LoaderSpec) -> None:

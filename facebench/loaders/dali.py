@@ -30,7 +30,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from facebench.config import LoaderConfig
+from facebench.config import LoaderConfig, Workers
 from facebench.data.fast_decode import encoded_size, jpeg_components
 from facebench.data.images import CELEBA_BOX, check_size, decode_sample
 from facebench.data.sources import CELEBA, Record
@@ -38,7 +38,7 @@ from facebench.errors import FacebenchError
 from facebench.extras import Requirement
 from facebench.loaders.plan import EpochPlan
 from facebench.loaders.shared import Batch, LoaderContext, uint8_batch
-from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits, Workers
+from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits
 from facebench.resources import batch_bytes
 
 log = logging.getLogger(__name__)
@@ -196,7 +196,7 @@ class DaliBatches:
 def worker_memory(ctx: LoaderContext) -> int:
     """Threads, not processes: the uint8 batches DALI keeps in its prefetch queue."""
     shape = (*ctx.geometry.resized, 3)
-    return ctx.options.prefetch_factor * batch_bytes(ctx.batch_size, shape, finished=False)
+    return ctx.options.prefetch_factor * batch_bytes(ctx.batch_size, shape, normalized=False)
 
 
 def build(ctx: LoaderContext) -> DaliBatches:
@@ -207,7 +207,7 @@ LOADER = LoaderSpec(
     options=LoaderConfig,
     build=build,
     worker_memory=worker_memory,
-    traits=Traits(Handover.uint8, Pixels.close, Workers.threads),
+    traits=Traits(Handover.uint8, Pixels.close, Workers.thread),
     requires=Requirement("nvidia.dali", "dali"),
     # Decoding and resizing run in DALI's own threads, which report no per-stage times.
     stage_times=False,

@@ -35,14 +35,14 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe
 from torch.utils.data.datapipes.iter import FileLister, IterableWrapper
 
 from facebench import stages
-from facebench.config import LoaderConfig
+from facebench.config import LoaderConfig, Workers
 from facebench.data.folder import FOLDER, class_folder_of, image_extensions, is_image_name
 from facebench.data.sample_ids import SampleIds
 from facebench.data.sources import CELEBA, DIGIFACE, LabelSpace, digiface_record
 from facebench.loaders import shared
 from facebench.loaders.decoding import DecodeStage
 from facebench.loaders.shared import Batch, LoaderContext, data_loader
-from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits, Workers
+from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits
 
 PipeRecord = tuple[str, int, str, int]  # path, label, source, sample id
 
@@ -203,5 +203,5 @@ LOADER = LoaderSpec(
     options=Options,
     build=build,
     worker_memory=worker_memory,
-    traits=Traits(Handover.finished, Pixels.exact, Workers.processes),
+    traits=Traits(Handover.normalized, Pixels.exact, Workers.process),
 )

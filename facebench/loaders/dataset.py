@@ -14,12 +14,12 @@ from collections.abc import Iterable
 import torch
 from torch.utils.data import ConcatDataset, Dataset
 
-from facebench.config import LoaderConfig
+from facebench.config import LoaderConfig, Workers
 from facebench.data.records import Record
 from facebench.loaders import shared
 from facebench.loaders.decoding import DecodeStage
 from facebench.loaders.shared import Batch, LoaderContext, PlanSampler, data_loader
-from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits, Workers
+from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits
 
 
 class RecordDataset(Dataset):
@@ -56,5 +56,5 @@ LOADER = LoaderSpec(
     options=LoaderConfig,
     build=build,
     worker_memory=worker_memory,
-    traits=Traits(Handover.finished, Pixels.exact, Workers.processes),
+    traits=Traits(Handover.normalized, Pixels.exact, Workers.process),
 )

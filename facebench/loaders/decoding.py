@@ -39,9 +39,9 @@ class DecodeStage:
         return cls(decoder(str(name), ctx.transform, ctx.geometry), ctx.plan)
 
     @property
-    def finished(self) -> bool:
-        """Whether its batches are finished on the host (float) or uint8 for the device."""
-        return self.decoder.finished
+    def normalized(self) -> bool:
+        """Whether its batches are normalized floats, or uint8 that the device finishes."""
+        return self.decoder.normalized
 
     def read(self, path: str) -> bytes:
         start = stages.now()
@@ -69,10 +69,10 @@ class DecodeStage:
         return sample
 
     def batch(self, samples: list[torch.Tensor], labels: torch.Tensor, ids: torch.Tensor) -> Batch:
-        """Samples -> one Batch, stamped with this thread's stage times: finished, or uint8
-        with the plan's crop offsets for the device."""
+        """Samples -> one Batch, stamped with this thread's stage times: normalized, or uint8
+        with the plan's crop offsets for the device to finish."""
         start = stages.now()
         images = stack(samples)
-        if self.finished:
+        if self.normalized:
             return stamped(Batch(images, labels, ids), start)
         return stamped(uint8_batch(images, labels, ids, self.plan), start)

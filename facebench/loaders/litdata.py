@@ -21,14 +21,14 @@ import numpy as np
 import torch
 
 from facebench import stages
-from facebench.config import LoaderConfig
+from facebench.config import LoaderConfig, Workers
 from facebench.errors import ShardError
 from facebench.extras import Requirement
 from facebench.loaders import shared
 from facebench.loaders.plan import EpochPlan
 from facebench.loaders.shardsets import open_shard_set
 from facebench.loaders.shared import Batch, LoaderContext, stack, stamped, uint8_batch
-from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits, Workers
+from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits
 from facebench.shards import litdata_format
 
 
@@ -72,7 +72,7 @@ def timed_dataset() -> type:
 
 
 def worker_memory(ctx: LoaderContext) -> int:
-    return shared.worker_memory(ctx, finished=False)
+    return shared.worker_memory(ctx, normalized=False)
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:
@@ -105,7 +105,7 @@ LOADER = LoaderSpec(
     options=LoaderConfig,
     build=build,
     worker_memory=worker_memory,
-    traits=Traits(Handover.uint8, Pixels.exact, Workers.processes),
+    traits=Traits(Handover.uint8, Pixels.exact, Workers.process),
     shard_format="litdata",
     batches_per_worker=True,  # each worker batches the chunks it reads
     requires=Requirement("litdata", "litdata"),

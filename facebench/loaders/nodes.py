@@ -34,7 +34,7 @@ from torchdata.nodes import (
 )
 from torchdata.nodes.exception_wrapper import StartupExceptionWrapper
 
-from facebench.config import Decoder, LoaderConfig, WorkerKind
+from facebench.config import Decoder, LoaderConfig, Workers
 from facebench.data.records import Record
 from facebench.errors import LoaderFailure
 from facebench.loaders import shared
@@ -55,7 +55,7 @@ _WATCH_PERIOD_S = 0.2
 @dataclass
 class Options(LoaderConfig):
     # process (default) or thread workers for ParallelMapper.
-    method: WorkerKind = WorkerKind.process
+    method: Workers = Workers.process
     # torchvision: torchvision.io + batched tensor transforms; pil: the article's PIL transform.
     decoder: Decoder = Decoder.torchvision
 
@@ -80,7 +80,7 @@ class LoadBatch:
 
     def __call__(self, batch: list[tuple[int, Record]]) -> Batch:
         ids = torch.tensor([i for i, _ in batch])
-        if self.stage.finished:
+        if self.stage.normalized:
             # The article's RandomCrop draws from torch's global generator, which forked
             # workers share: each batch gets its own seed, from the plan.
             torch.manual_seed(int(batch_rng(self.plan.seed, ids).integers(2**62)))
@@ -90,7 +90,7 @@ class LoadBatch:
 
 
 def worker_memory(ctx: LoaderContext) -> int:
-    return shared.worker_memory(ctx, finished=DecodeStage.of(ctx).finished)
+    return shared.worker_memory(ctx, normalized=DecodeStage.of(ctx).normalized)
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:

@@ -22,12 +22,12 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 from facebench import stages
-from facebench.config import LoaderConfig
+from facebench.config import LoaderConfig, Workers
 from facebench.loaders import shared
 from facebench.loaders.decoding import DecodeStage
 from facebench.loaders.shardsets import ShardGuard, open_shard_set, trusted_manifest
 from facebench.loaders.shared import Batch, LoaderContext, data_loader
-from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits, Workers
+from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits
 from facebench.shards import pickle_format
 from facebench.shards.manifest import read_verified
 
@@ -81,7 +81,7 @@ LOADER = LoaderSpec(
     options=LoaderConfig,
     build=build,
     worker_memory=worker_memory,
-    traits=Traits(Handover.finished, Pixels.exact, Workers.processes),
+    traits=Traits(Handover.normalized, Pixels.exact, Workers.process),
     shard_format="pickle",
     batches_per_worker=True,  # each worker batches the shards it reads
 )

@@ -33,11 +33,11 @@ import numpy as np
 import torch
 
 from facebench import stages
-from facebench.config import LoaderConfig
+from facebench.config import LoaderConfig, Workers
 from facebench.errors import ShardError
 from facebench.loaders.shardsets import OpenShardSet, open_shard_set
 from facebench.loaders.shared import Batch, LoaderContext, stamped
-from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits, Workers
+from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits
 from facebench.resources import batch_bytes
 from facebench.shards import raw_format
 from facebench.shards.manifest import read_index
@@ -141,7 +141,7 @@ def worker_memory(ctx: LoaderContext) -> int:
     ahead = max(1, ctx.n_workers) * ctx.options.prefetch_factor
     return (
         ahead
-        * batch_bytes(ctx.batch_size, raw_format.shape(ctx.geometry.resize), finished=False)
+        * batch_bytes(ctx.batch_size, raw_format.shape(ctx.geometry.resize), normalized=False)
         // max(1, ctx.n_workers)
     )
 
@@ -154,6 +154,6 @@ LOADER = LoaderSpec(
     options=LoaderConfig,
     build=build,
     worker_memory=worker_memory,
-    traits=Traits(Handover.uint8, Pixels.exact, Workers.threads),
+    traits=Traits(Handover.uint8, Pixels.exact, Workers.thread),
     shard_format="raw",
 )

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, defa
 
 from facebench import stages
 from facebench.config import LoaderConfig
-from facebench.data.check import Listing
+from facebench.data.listing import Listing
 from facebench.data.sources import FACES, LabelSpace, Layout, Record
 from facebench.data.transforms import ARTICLE, Geometry
 from facebench.distributed import World
@@ -24,7 +24,7 @@ from facebench.stages import StageTimes
 class Batch(NamedTuple):
     """A batch as a loader hands it over: exactly what a GPU run copies to the device.
 
-    images: finished (n, 3, 100, 100) float32, or, when `offsets` is given, (n, 112, 112, 3)
+    images: normalized (n, 3, 100, 100) float32, or, when `offsets` is given, (n, 112, 112, 3)
     uint8 that the device still crops (at `offsets`) and normalizes (facebench.finish): a quarter
     of the bytes cross between processes and over the bus, and the arithmetic runs where it is
     cheapest. ids: each sample's canonical position (data.sample_ids), None where there are
@@ -56,7 +56,7 @@ def stack(samples: list[torch.Tensor] | list[Any]) -> torch.Tensor:
 
 
 def collate_samples(samples: list[tuple]) -> Batch:
-    """(image, label, id) samples -> one finished Batch (the DataLoader's collate_fn)."""
+    """(image, label, id) samples -> one normalized Batch (the DataLoader's collate_fn)."""
     start = stages.now()
     return stamped(Batch(*default_collate(samples)), start)
 
@@ -175,11 +175,11 @@ def data_loader(
     )
 
 
-def worker_memory(ctx: LoaderContext, finished: bool = True, held: int = 0) -> int:
+def worker_memory(ctx: LoaderContext, normalized: bool = True, held: int = 0) -> int:
     """One worker's memory: its own pages, the batches it keeps ready (float32 crops, or uint8
     images when the device finishes them), and `held`, what the loader itself keeps."""
-    shape = (3, *ctx.geometry.cropped) if finished else (*ctx.geometry.resized, 3)
-    ready = ctx.options.prefetch_factor * batch_bytes(ctx.batch_size, shape, finished)
+    shape = (3, *ctx.geometry.cropped) if normalized else (*ctx.geometry.resized, 3)
+    ready = ctx.options.prefetch_factor * batch_bytes(ctx.batch_size, shape, normalized)
     return WORKER_OWN_BYTES + ready + held
 
 

@@ -14,26 +14,20 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from facebench.config import LoaderConfig
+from facebench.config import LoaderConfig, Workers
 from facebench.extras import Requirement
 from facebench.loaders.shardsets import ensure_loader_shards, shard_files
 from facebench.loaders.shared import Batch, LoaderContext
 
 
 class Handover(StrEnum):
-    finished = "finished"  # float (n, 3, crop, crop), normalized: what the model takes
+    normalized = "normalized"  # float (n, 3, crop, crop), normalized: what the model takes
     uint8 = "uint8"  # (n, resize, resize, 3) uint8 and crop offsets: the device finishes them
 
 
 class Pixels(StrEnum):
     exact = "exact"  # pixel for pixel the article's preprocessing (PIL)
     close = "close"  # other decoders or resampling (torchvision.io, DALI): within a few levels
-
-
-class Workers(StrEnum):
-    processes = "processes"  # worker processes (batches cross between processes)
-    threads = "threads"  # threads of the loop's own process
-    none = "none"  # everything in the loop itself
 
 
 @dataclass(frozen=True)
@@ -64,10 +58,10 @@ class LoaderSpec:
     # rather than the epoch being batched in one place.
     batches_per_worker: bool = False
     # A compute ceiling: no real samples, nothing to count, nothing read.
-    synthetic: bool = False
+    ceiling: bool = False
     # Work before the first epoch, once per job, in place of building shard_format (its return
     # is logged as metrics).
-    prepare: Callable[[LoaderContext], dict[str, float]] | None = None
+    set_up: Callable[[LoaderContext], dict[str, float]] | None = None
     # The Python package it needs, and the extra that installs it.
     requires: Requirement | None = None
     # Whether its batches carry the worker side's stage times (facebench/stages.py): False where
@@ -88,34 +82,34 @@ class LoaderSpec:
         if self.requires is not None:
             self.requires.require(f"loader={name}")
 
-    def prepare_job(self, ctx: LoaderContext) -> dict[str, float]:
+    def set_up_job(self, ctx: LoaderContext) -> dict[str, float]:
         """Its preparation, once per job, outside the clock: by default, build its shards if
         missing."""
-        if self.prepare is not None:
-            return self.prepare(ctx)
+        if self.set_up is not None:
+            return self.set_up(ctx)
         if self.shard_format is not None:
             return ensure_loader_shards(ctx, self.shard_format)
         return {}
 
     def data_files(self, ctx: LoaderContext) -> list[str]:
         """The files an epoch reads: its shards, or every image, or nothing."""
-        if self.synthetic:
+        if self.ceiling:
             return []
         if self.shard_format is not None:
             return shard_files(ctx)
         return [record.path for record in ctx.records]
 
 
-def decoder_traits(workers: Workers = Workers.processes) -> Callable[[LoaderConfig], Traits]:
+def decoder_traits(workers: Workers = Workers.process) -> Callable[[LoaderConfig], Traits]:
     """Traits of a loader with a `decoder` option: torchvision decodes into uint8 batches that
     the device finishes; pil runs the article's transform per sample."""
 
     def traits(options: LoaderConfig) -> Traits:
         chosen = workers
-        if getattr(options, "method", None) == "thread":
-            chosen = Workers.threads
+        if getattr(options, "method", None) == Workers.thread:
+            chosen = Workers.thread
         if getattr(options, "decoder", "torchvision") == "pil":
-            return Traits(Handover.finished, Pixels.exact, chosen)
+            return Traits(Handover.normalized, Pixels.exact, chosen)
         return Traits(Handover.uint8, Pixels.close, chosen)
 
     return traits

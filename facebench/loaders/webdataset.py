@@ -183,13 +183,13 @@ _ENCODED_SAMPLE_BYTES = 32 * 2**10  # a sample waiting in the shuffle buffer, st
 
 def worker_memory(ctx: LoaderContext) -> int:
     held = ctx.options.shuffle_buffer * _ENCODED_SAMPLE_BYTES
-    return shared.worker_memory(ctx, finished=DecodeStage.of(ctx).finished, held=held)
+    return shared.worker_memory(ctx, normalized=DecodeStage.of(ctx).normalized, held=held)
 
 
-def prepare(ctx: LoaderContext) -> dict[str, float]:
+def set_up(ctx: LoaderContext) -> dict[str, float]:
     """Once per job: check the options, and build the tar shards if missing."""
     options: Options = ctx.options
-    if options.device_decode and DecodeStage.of(ctx).finished:
+    if options.device_decode and DecodeStage.of(ctx).normalized:
         raise ConfigError(
             f"loader.device_decode=true needs a decoder whose batches the device finishes "
             f"(loader.decoder=torchvision), not loader.decoder={options.decoder}"
@@ -203,7 +203,7 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
     options: Options = ctx.options
     shard_set = open_shard_set(ctx)
     stage = DecodeStage.of(ctx)
-    keep_jpeg = options.device_decode and ctx.device.type == "cuda" and not stage.finished
+    keep_jpeg = options.device_decode and ctx.device.type == "cuda" and not stage.normalized
     # A new shard order each epoch, drawn from the epoch plan's seed (the same on every rank:
     # they agree on the order, then split it) before split_by_worker hands each its share.
     plan = ctx.plan
@@ -234,5 +234,5 @@ LOADER = LoaderSpec(
     traits=decoder_traits(),
     shard_format="tar",
     batches_per_worker=True,  # each worker batches the shards it reads
-    prepare=prepare,
+    set_up=set_up,
 )

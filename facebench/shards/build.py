@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from facebench.data.check import Listing, list_usable, source_fingerprint
+from facebench.data.listing import Listing, list_usable, source_fingerprint
 from facebench.data.sources import FACES, Layout
 from facebench.data.transforms import ARTICLE
 from facebench.errors import ConfigError

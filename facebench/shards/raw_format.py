@@ -1,11 +1,12 @@
-"""Pre-processed samples in fixed-layout arrays, read through memory maps: no pickle, no decode.
+"""Pre-processed samples in fixed-layout arrays, read record by record with pread: no pickle,
+no decode.
 
 Each shard is one .npy file of uint8 images (n, 112, 112, 3), or (n, r, r, 3) with
 transform.resize=r: the article's decoded samples after its one deterministic step, the resize.
 Labels and ids are in the shard's index (see manifest.py), checked against its hash. Training
-gathers batches straight from the mapped file and only crops and normalizes them. Fixed-size images
-mean sample k of a shard is at a known offset, so nothing is loaded whole and nothing executes
-code: this is a format that is safe to share.
+gathers each batch's records from the files with one pread each (`gather`) and only crops and
+normalizes them. Fixed-size images mean sample k of a shard is at a known offset, so nothing is
+loaded whole and nothing executes code: this is a format that is safe to share.
 """
 
 from __future__ import annotations

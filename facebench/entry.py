@@ -1,4 +1,5 @@
-"""What train.py and prepare.py share: config registration and how a job reports failure."""
+"""What the entry points (train.py, prepare.py, advise) share: config registration, the command
+line's group choices, how a job reports failure and ends, signals."""
 
 from __future__ import annotations
 
@@ -32,14 +33,37 @@ def configure() -> None:
     loaders.register_schemas()
     if not OmegaConf.has_resolver("facebench_run_dir"):
         OmegaConf.register_new_resolver("facebench_run_dir", run_dir)
-    # `experiment` is in train.yaml's defaults (so `experiment=article` needs no `+`), where
-    # Hydra refuses `+experiment=...`: the spelling that worked before still does.
-    sys.argv = [
-        arg.removeprefix("+") if arg.startswith("+experiment=") else arg for arg in sys.argv
-    ]
+    sys.argv = [sys.argv[0], *(spelled_now(arg) for arg in sys.argv[1:])]
     unknown = unknown_choice(sys.argv[1:])
     if unknown:
         sys.exit(unknown)  # one line on stderr, status 1, before Hydra lists its search path
+
+
+# Group choices renamed, by their old name: the old spelling still runs, with a note.
+RENAMED = {
+    ("loader", "synthetic"): (
+        "ceiling",
+        "the compute ceiling is loader=ceiling (data=synthetic is the generated data)",
+    ),
+}
+
+
+def spelled_now(arg: str) -> str:
+    """A command-line argument as it is spelled now: `+experiment=article` (which Hydra refuses
+    since `experiment` is in train.yaml's defaults) as `experiment=article`, and a renamed
+    choice (in a sweep's list too) by its new name, with a note on stderr."""
+    if arg.startswith("+experiment="):
+        return arg.removeprefix("+")
+    group, sep, values = arg.partition("=")
+    if not sep:
+        return arg
+    renamed = []
+    for value in values.split(","):
+        new, note = RENAMED.get((group, value), (value, ""))
+        if note:
+            print(f"{group}={value}: {note}; running {group}={new}", file=sys.stderr)
+        renamed.append(new)
+    return f"{group}={','.join(renamed)}"
 
 
 def unknown_choice(args: list[str], conf: Path = PROJECT_ROOT / "conf") -> str | None:

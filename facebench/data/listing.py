@@ -1,4 +1,5 @@
-"""Which samples can be used: files that exist, are not empty, and decode.
+"""The data as a run finds it, once, before any clock (Listing): every record, its labels, and
+which samples can be used: files that exist, are not empty, and decode.
 
 Every run checks that each listed file exists and is not empty (a stat per file) before any work.
 With on_bad_sample=skip it also decodes every image once (in parallel, with progress) and leaves

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from facebench.config import LoaderConfig
+from facebench.config import LoaderConfig, Workers
 from facebench.loaders.shared import Batch, LoaderContext
-from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits, Workers
+from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits
 
 
 @dataclass
@@ -52,7 +52,7 @@ LOADER = LoaderSpec(
     options=LoaderConfig,
     build=build,
     worker_memory=worker_memory,
-    traits=Traits(Handover.finished, Pixels.exact, Workers.none),
-    synthetic=True,
+    traits=Traits(Handover.normalized, Pixels.exact, Workers.none),
+    ceiling=True,
     stage_times=False,  # no worker side: the batch is made once, before the epoch
 )
