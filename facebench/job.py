@@ -4,6 +4,8 @@ its MLflow run is named, described and tagged."""
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,8 +16,35 @@ from facebench.data.records import LabelSpace
 from facebench.device import Precision, hardware_tags, resolve_device, resolve_precision
 from facebench.distributed import World, world_from_env
 from facebench.distributed import start as start_distributed
-from facebench.tracking import flatten, git_commit
+from facebench.paths import PROJECT_ROOT
 from facebench.training import Trainer, build_trainer
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'loader': {'name': 'x'}} -> {'loader.name': 'x'}, for MLflow params."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def git_commit() -> str:
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=PROJECT_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return result.stdout.strip() or "unknown"
 
 
 def run_name(cfg: TrainConfig, precision: str) -> str:

@@ -22,8 +22,8 @@ from facebench.errors import FacebenchError
 from facebench.paths import PROJECT_ROOT
 from facebench.report_markdown import render, render_article
 from facebench.report_table import KIND_TAG, latest_sweep, tables
-from facebench.tracking import EXPERIMENT, REPORTS_EXPERIMENT, Tracker, tracking_uri
-from facebench.tracking_store import check_server
+from facebench.tracking import Tracker
+from facebench.tracking_store import EXPERIMENT, REPORTS_EXPERIMENT, check_server, tracking_uri
 
 log = logging.getLogger("facebench.report")
 

@@ -14,6 +14,7 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -78,3 +79,9 @@ class JobResults:
     def not_in_mlflow(self) -> bool:
         """The job asked for MLflow and MLflow failed during it."""
         return self.tracking == TRACKING_LOST
+
+
+def write_results(path: Path, results: Mapping[str, Any]) -> None:
+    """Any job's results as JSON (prepare.py's have a shape of their own)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n", encoding="utf-8")

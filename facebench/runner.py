@@ -22,7 +22,8 @@ from facebench.loaders.shared import LoaderContext
 from facebench.loaders.spec import LoaderSpec
 from facebench.measurement import measure, summarise
 from facebench.results import TRACKING_LOGGED, TRACKING_LOST, JobResults, now_ms
-from facebench.tracking import UPLOAD_COMMAND, Tracker, tracking_uri, ui_command
+from facebench.tracking import UPLOAD_COMMAND, Tracker
+from facebench.tracking_store import tracking_uri, ui_command
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,5 @@
-"""MLflow: one run per job in the `facebench` experiment, in a SQLite store at the project root.
-
-The store is `sqlite:///<project root>/mlflow.db` whatever the working directory (a relative URI
-would give every Hydra job its own database); MLFLOW_TRACKING_URI overrides it. Artifacts go in a
-`mlruns/` folder beside the database. Training runs, and nothing else, go in `facebench`;
-reports and advice go in `facebench-reports`. Each experiment carries a shared view of the runs
-table (facebench.mlflow_views) whose URL opens the headline numbers side by side.
+"""A job's MLflow run: opened, logged to, ended. (Where the store is, its experiments, and
+checking it: tracking_store.py.)
 
 A store that cannot be used when a run starts stops the job at once, in one line. Once the run
 has started, the measurement matters more than the store: the first call that fails (a server
@@ -15,11 +10,8 @@ line saying so; the job finishes and keeps everything in results.json, which
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import re
-import subprocess
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,21 +19,22 @@ from typing import Any, TypeVar
 
 from facebench import mlflow_views as views
 from facebench.errors import TrackingError
-from facebench.paths import PROJECT_ROOT
 from facebench.printable import printable, printable_mapping
 from facebench.tracking_store import (
+    ALL_RUNS_VIEW,
+    EXPERIMENT,
     bounded_http_retries,
     check_server,
     check_writable_store,
+    ensure_experiment,
     no_http_retries,
     store_lock,
+    tracking_uri,
+    ui_address,
 )
 
 log = logging.getLogger(__name__)
 
-EXPERIMENT = "facebench"
-REPORTS_EXPERIMENT = "facebench-reports"
-ALL_RUNS_VIEW = "facebench"  # the shared view of every training run
 SYSTEM_METRICS_INTERVAL_S = 1
 _SIGNIFICANT_DIGITS = 6  # far finer than any measurement here repeats
 _PARAM_LIMIT = 6000  # MLflow's longest param value
@@ -55,29 +48,6 @@ T = TypeVar("T")
 UPLOAD_COMMAND = "python -m facebench.upload"
 
 
-def tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{PROJECT_ROOT / 'mlflow.db'}"
-
-
-def artifact_root(uri: str) -> str | None:
-    """`mlruns/` beside a SQLite store; for a server, let the server decide."""
-    if uri.startswith("sqlite:///"):
-        return (Path(uri.removeprefix("sqlite:///")).parent / "mlruns").as_uri()
-    return None
-
-
-def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{'loader': {'name': 'x'}} -> {'loader.name': 'x'}, for MLflow params."""
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(flatten(value, f"{name}."))
-        else:
-            flat[name] = value
-    return flat
-
-
 def param_values(params: Mapping[str, Any]) -> dict[str, str]:
     """Params as MLflow takes them: every one that has a value (an empty data.root says
     nothing), as printable text (a data.root with odd bytes, say) within MLflow's length."""
@@ -88,33 +58,9 @@ def param_values(params: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
-def git_commit() -> str:
-    try:
-        result = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=PROJECT_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return result.stdout.strip() or "unknown"
-
-
 def rounded(value: float) -> float:
     """A metric as facebench logs it: 6 significant digits, not 13 decimals of noise."""
     return float(f"{value:.{_SIGNIFICANT_DIGITS}g}")
-
-
-def ui_address(uri: str) -> str:
-    """Where the MLflow UI for this store is: the server itself, or `mlflow ui`'s default."""
-    return uri.rstrip("/") if uri.startswith(("http://", "https://")) else views.UI_ADDRESS
-
-
-def ui_command(uri: str) -> str:
-    return "" if uri.startswith(("http://", "https://")) else f"mlflow ui --backend-store-uri {uri}"
 
 
 class Tracker:
@@ -324,37 +270,3 @@ def _stop_system_metrics(run_id: str | None) -> None:
     shutdown = getattr(monitor, "_shutdown_event", None)
     if shutdown is not None:
         shutdown.set()  # the thread ends at its next look, without a wait here
-
-
-def ensure_experiment(mlflow: Any, uri: str, name: str = EXPERIMENT) -> str:
-    """The experiment's id, created the first time with the tags the UI needs (the runs view
-    of every run among them)."""
-    experiment = mlflow.get_experiment_by_name(name)
-    if experiment is None:
-        try:
-            mlflow.create_experiment(name, artifact_location=artifact_root(uri))
-        except Exception:
-            if mlflow.get_experiment_by_name(name) is None:
-                raise
-            # Another job of the same sweep created it a moment ago.
-        experiment = mlflow.get_experiment_by_name(name)
-    missing = {views.EXPERIMENT_KIND_TAG, views.SHARED_VIEW_TAG + ALL_RUNS_VIEW} - set(
-        experiment.tags
-    )
-    if missing:
-        client = mlflow.MlflowClient()
-        # The tag MLflow versions before 3.17 read to open the runs table, not the GenAI view.
-        client.set_experiment_tag(
-            experiment.experiment_id, views.EXPERIMENT_KIND_TAG, views.TRAINING_KIND
-        )
-        title = "every run" if name == EXPERIMENT else name
-        views.publish(
-            client, experiment.experiment_id, ALL_RUNS_VIEW, title, "", views.NEWEST_FIRST
-        )
-    return experiment.experiment_id
-
-
-def write_results(path: Path, results: Mapping[str, Any]) -> None:
-    """The run's results as JSON, so nothing measured depends on the tracking store."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n", encoding="utf-8")

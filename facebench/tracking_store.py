@@ -1,6 +1,14 @@
-"""An MLflow store checked before a run uses it, in seconds: a server that does not answer, a
-SQLite store that cannot be written (MLflow would retry either for minutes); how long a run's
-calls to a server may retry; and one job at a time creating a new SQLite store's tables."""
+"""The MLflow store: where it is, its experiments, and checking it before a run uses it.
+
+The store is `sqlite:///<project root>/mlflow.db` whatever the working directory (a relative URI
+would give every Hydra job its own database); MLFLOW_TRACKING_URI overrides it. Artifacts go in a
+`mlruns/` folder beside the database. Training runs, and nothing else, go in `facebench`;
+reports and advice go in `facebench-reports`. Each experiment carries a shared view of the runs
+table (facebench.mlflow_views) whose URL opens the headline numbers side by side.
+
+A store is checked in seconds before a run uses it: a server that does not answer, a SQLite store
+that cannot be written (MLflow would retry either for minutes); a run's calls to a server retry
+for seconds, not minutes; one job at a time creates a new SQLite store's tables."""
 
 from __future__ import annotations
 
@@ -12,9 +20,64 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
+from facebench import mlflow_views as views
 from facebench.errors import TrackingError
+from facebench.paths import PROJECT_ROOT
+
+EXPERIMENT = "facebench"
+REPORTS_EXPERIMENT = "facebench-reports"
+ALL_RUNS_VIEW = "facebench"  # the shared view of every training run
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{PROJECT_ROOT / 'mlflow.db'}"
+
+
+def artifact_root(uri: str) -> str | None:
+    """`mlruns/` beside a SQLite store; for a server, let the server decide."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri.removeprefix("sqlite:///")).parent / "mlruns").as_uri()
+    return None
+
+
+def ui_address(uri: str) -> str:
+    """Where the MLflow UI for this store is: the server itself, or `mlflow ui`'s default."""
+    return uri.rstrip("/") if uri.startswith(("http://", "https://")) else views.UI_ADDRESS
+
+
+def ui_command(uri: str) -> str:
+    return "" if uri.startswith(("http://", "https://")) else f"mlflow ui --backend-store-uri {uri}"
+
+
+def ensure_experiment(mlflow: Any, uri: str, name: str = EXPERIMENT) -> str:
+    """The experiment's id, created the first time with the tags the UI needs (the runs view
+    of every run among them)."""
+    experiment = mlflow.get_experiment_by_name(name)
+    if experiment is None:
+        try:
+            mlflow.create_experiment(name, artifact_location=artifact_root(uri))
+        except Exception:
+            if mlflow.get_experiment_by_name(name) is None:
+                raise
+            # Another job of the same sweep created it a moment ago.
+        experiment = mlflow.get_experiment_by_name(name)
+    missing = {views.EXPERIMENT_KIND_TAG, views.SHARED_VIEW_TAG + ALL_RUNS_VIEW} - set(
+        experiment.tags
+    )
+    if missing:
+        client = mlflow.MlflowClient()
+        # The tag MLflow versions before 3.17 read to open the runs table, not the GenAI view.
+        client.set_experiment_tag(
+            experiment.experiment_id, views.EXPERIMENT_KIND_TAG, views.TRAINING_KIND
+        )
+        title = "every run" if name == EXPERIMENT else name
+        views.publish(
+            client, experiment.experiment_id, ALL_RUNS_VIEW, title, "", views.NEWEST_FIRST
+        )
+    return experiment.experiment_id
+
 
 _SERVER_TIMEOUT_S = 5
 # MLflow retries a server that does not answer for minutes, with backoff (7 retries, 120 s

@@ -28,18 +28,18 @@ from typing import Any
 from facebench import mlflow_views as views
 from facebench.errors import FacebenchError
 from facebench.results import RESULTS, TRACKING_LOGGED, JobResults, now_ms
-from facebench.tracking import (
+from facebench.tracking import failure_reason, param_values, rounded
+from facebench.tracking_store import (
     ALL_RUNS_VIEW,
     EXPERIMENT,
+    bounded_http_retries,
+    check_server,
+    check_writable_store,
     ensure_experiment,
-    failure_reason,
-    param_values,
-    rounded,
     tracking_uri,
     ui_address,
     ui_command,
 )
-from facebench.tracking_store import bounded_http_retries, check_server, check_writable_store
 
 log = logging.getLogger("facebench.upload")
 

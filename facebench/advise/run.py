@@ -20,7 +20,8 @@ from facebench.data.subset import subset_tree
 from facebench.errors import ConfigError, FacebenchError
 from facebench.job import Job
 from facebench.paths import PROJECT_ROOT, cache_dir
-from facebench.tracking import REPORTS_EXPERIMENT, Tracker
+from facebench.tracking import Tracker
+from facebench.tracking_store import REPORTS_EXPERIMENT
 
 log = logging.getLogger("facebench.advise")
 
