@@ -40,13 +40,13 @@ BENCHMARKS_MD = PROJECT_ROOT / "docs" / "benchmarks.md"
 def parser(description: str) -> argparse.ArgumentParser:
     """A benchmark's argument parser: its module docstring as the help, laid out as written, and
     the arguments every benchmark takes (--no-write)."""
-    parser = argparse.ArgumentParser(
+    arguments = argparse.ArgumentParser(
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
+    arguments.add_argument(
         "--no-write", action="store_true", help="print only: write nothing into docs/benchmarks.md"
     )
-    return parser
+    return arguments
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,7 @@ class Bench:
 
     @classmethod
     def start(cls, parser: argparse.ArgumentParser, argv: list[str] | None = None) -> Bench:
+        """The arguments parsed; the command line and the load noted before anything runs."""
         return cls(parser.parse_args(argv), command_line(argv), load_note())
 
     def section(self, title: str, details: str, body: str) -> str:
@@ -94,11 +95,11 @@ def run_python(
     its output kept in `log` if given. If it fails and `check`, the benchmark ends with the end
     of its output."""
     path = [str(PROJECT_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-    env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join(path)}
+    environment = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join(path)}
     command = [sys.executable, *arguments]
     print("$ python", " ".join(arguments), file=sys.stderr, flush=True)
     result = subprocess.run(
-        command, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, check=False
+        command, cwd=PROJECT_ROOT, env=environment, capture_output=True, text=True, check=False
     )
     if log is not None:
         log.write_text(result.stdout + result.stderr, encoding="utf-8")
