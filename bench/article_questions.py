@@ -22,20 +22,11 @@ from __future__ import annotations
 import argparse
 import tempfile
 
-from common import (
-    STAGE_HEADER,
-    command_line,
-    load_note,
-    machine,
-    run_train,
-    stage_cells,
-    stamp,
-    table,
-    write_section,
-)
+from common import STAGE_HEADER, Bench, parser, run_train, stage_cells
 from slow_storage import SlowStorage
 
 from facebench.paths import cache_dir
+from facebench.tables import markdown
 
 PIPELINES = ("dataset", "datapipe", "pickle", "raw")
 
@@ -84,7 +75,7 @@ def why_pickle(runs: Runs) -> str:
                 ]
             )
     header = ["storage", "loader", "images/s", "vs dataset", *STAGE_HEADER, "read from disk MB"]
-    return table(header, rows)
+    return markdown(header, rows)
 
 
 def workers_5_10(runs: Runs) -> str:
@@ -110,7 +101,7 @@ def workers_5_10(runs: Runs) -> str:
         *STAGE_HEADER,
         "memory added MB",
     ]
-    return table(header, rows)
+    return markdown(header, rows)
 
 
 def _row(
@@ -130,39 +121,31 @@ def _row(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--n-images", type=int, default=6000)
-    parser.add_argument("--batch-size", type=int, default=600)
-    parser.add_argument("--shard-size", type=int, default=1000, help="shards for every worker")
-    parser.add_argument("--workers", type=int, default=2, help="n_workers for question (a)")
-    parser.add_argument("--iops", type=int, default=150, help="slow storage: reads per second")
-    parser.add_argument("--mbps", type=int, default=120, help="slow storage: MB/s")
-    parser.add_argument("--only", choices=("a", "b"), help="one question")
-    parser.add_argument("--no-write", action="store_true")
-    args = parser.parse_args(argv)
+    arguments = parser(__doc__)
+    arguments.add_argument("--n-images", type=int, default=6000)
+    arguments.add_argument("--batch-size", type=int, default=600)
+    arguments.add_argument("--shard-size", type=int, default=1000, help="shards for every worker")
+    arguments.add_argument("--workers", type=int, default=2, help="n_workers for question (a)")
+    arguments.add_argument("--iops", type=int, default=150, help="slow storage: reads per second")
+    arguments.add_argument("--mbps", type=int, default=120, help="slow storage: MB/s")
+    arguments.add_argument("--only", choices=("a", "b"), help="one question")
+    bench = Bench.start(arguments, argv)
+    args = bench.args
     slow = SlowStorage.open(cache_dir(""), args.iops, args.mbps * 10**6)
     storage = slow.describe() if isinstance(slow, SlowStorage) else f"not emulated: {slow}"
-    header = (
-        f"{stamp()}; {machine()}. `{command_line('article_questions.py', argv)}`; "
+    details = (
         f"{args.n_images:,} synthetic images, batch {args.batch_size}, loader-only "
         f"(model=none), shard_size {args.shard_size}; slow storage: {storage}. Each row one "
-        f"train.py process; {load_note()}, nothing else ran meanwhile.\n\n"
+        "train.py process; nothing else ran meanwhile"
     )
     with tempfile.TemporaryDirectory() as scratch:
         runs = Runs(args, scratch, slow)
         if args.only in (None, "a"):
-            text = "### Why pickle shards won: stages per storage\n\n" + header + why_pickle(runs)
-            print(text)
-            if not args.no_write:
-                write_section("bench:why-pickle", text)
+            title = "Why pickle shards won: stages per storage"
+            bench.publish("bench:why-pickle", bench.section(title, details, why_pickle(runs)))
         if args.only in (None, "b"):
-            text = "### 5 and 10 workers, run order and page cache\n\n" + header
-            text += workers_5_10(runs)
-            print(text)
-            if not args.no_write:
-                write_section("bench:workers-5-10", text)
+            title = "5 and 10 workers, run order and page cache"
+            bench.publish("bench:workers-5-10", bench.section(title, details, workers_5_10(runs)))
 
 
 if __name__ == "__main__":

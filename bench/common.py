@@ -1,7 +1,17 @@
-"""What the benchmark scripts share: composing configs, describing the machine, writing docs."""
+"""The harness every benchmark script runs in, and what their tables share.
+
+A script builds its arguments on `parser` (which adds the ones every script takes), starts with
+`Bench.start` (its arguments, the command line and the machine's load before the first run),
+runs train.py with `run_train` or `sweep_train` (other scripts of the checkout with
+`run_python`), builds each section with `Bench.section` (title, then the header: date, machine,
+command line, load) and hands it to `Bench.publish`, which prints it and writes it into
+docs/benchmarks.md unless --no-write. Tables: facebench.tables.markdown, as facebench renders its
+own.
+"""
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import os
@@ -10,53 +20,115 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 import torch
-from hydra import compose, initialize_config_dir
 
-from facebench.config import typed
 from facebench.data.synthetic import synthetic_root
 from facebench.device import cpu_model
-from facebench.entry import configure
 from facebench.paths import PROJECT_ROOT, cache_dir
 from facebench.stages import WORKER_STAGES
-from facebench.tables import markdown
+from facebench.sweep_summary import sweep_results
 
 BENCHMARKS_MD = PROJECT_ROOT / "docs" / "benchmarks.md"
-_configured = False
 
 
-def run_train(scratch: str, overrides: list[str]) -> dict[str, float]:
-    """One `python train.py` job in its own process, MLflow off; its metrics from results.json."""
-    output = Path(tempfile.mkdtemp(dir=scratch))
-    command = [
-        sys.executable,
-        str(PROJECT_ROOT / "train.py"),
-        *overrides,
-        "tracking=false",
-        f"hydra.run.dir={output}",
-    ]
-    print("running", " ".join(overrides), file=sys.stderr, flush=True)
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
+def parser(description: str) -> argparse.ArgumentParser:
+    """A benchmark's argument parser: its module docstring as the help, laid out as written, and
+    the arguments every benchmark takes (--no-write)."""
+    arguments = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    arguments.add_argument(
+        "--no-write", action="store_true", help="print only: write nothing into docs/benchmarks.md"
+    )
+    return arguments
+
+
+@dataclass(frozen=True)
+class Bench:
+    """One run of a benchmark script: its arguments, how it was invoked, and the machine's load
+    before its first run (the runs themselves load it, so this is taken at the start)."""
+
+    args: argparse.Namespace
+    command: str
+    load: str
+
+    @classmethod
+    def start(cls, parser: argparse.ArgumentParser, argv: list[str] | None = None) -> Bench:
+        """The arguments parsed; the command line and the load noted before anything runs."""
+        return cls(parser.parse_args(argv), command_line(argv), load_note())
+
+    def section(self, title: str, details: str, body: str) -> str:
+        """A docs/benchmarks.md section: its title, the header (when, on what machine, how
+        invoked, the script's details of the runs, the load as they began), then the body."""
+        header = f"{stamp()}; {machine()}. `{self.command}`; {details}; {self.load}."
+        return f"### {title}\n\n{header}\n\n{body}"
+
+    def publish(self, name: str, text: str, path: Path = BENCHMARKS_MD) -> None:
+        """Print a section, and put it between its markers (`<!-- name:start -->`) in the docs
+        file, unless --no-write."""
+        print(text)
+        if not self.args.no_write:
+            write_section(name, text, path)
+
+
+def command_line(argv: list[str] | None) -> str:
+    """How the running script was invoked: its own file name (sys.argv[0]), then its arguments."""
+    arguments = " ".join(argv if argv is not None else sys.argv[1:])
+    return f"python bench/{Path(sys.argv[0]).name} {arguments}".rstrip()
+
+
+def run_python(
+    arguments: list[str],
+    log: Path | None = None,
+    check: bool = True,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """`python <arguments>` (a script of the checkout, or `-m module`) in a process of its own,
+    from the checkout's root, with the checkout first on PYTHONPATH (a GPU machine may have
+    facebench's dependencies but not facebench installed) and `env` added to the environment;
+    its output kept in `log` if given. If it fails and `check`, the benchmark ends with the end
+    of its output."""
+    path = [str(PROJECT_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    environment = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join(path)}
+    command = [sys.executable, *arguments]
+    print("$ python", " ".join(arguments), file=sys.stderr, flush=True)
+    result = subprocess.run(
+        command, cwd=PROJECT_ROOT, env=environment, capture_output=True, text=True, check=False
+    )
+    if log is not None:
+        log.write_text(result.stdout + result.stderr, encoding="utf-8")
+    if check and result.returncode != 0:
         raise SystemExit(
             f"failed: {' '.join(command)}\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
         )
+    return result
+
+
+def run_train(
+    scratch: str, overrides: list[str], env: Mapping[str, str] | None = None
+) -> dict[str, float]:
+    """One `python train.py` job, in a folder of its own under `scratch`, with `env` added to its
+    environment, MLflow off unless the overrides turn it on (the later value wins); its metrics,
+    from its results.json."""
+    output = Path(tempfile.mkdtemp(dir=scratch))
+    run_python(["train.py", "tracking=false", *overrides, f"hydra.run.dir={output}"], env=env)
     return json.loads((output / "results.json").read_text())["metrics"]
 
 
-def config(*overrides: str) -> Any:
-    """train.yaml composed and checked exactly as train.py would, with these overrides: the
-    typed config run_training takes."""
-    global _configured
-    if not _configured:
-        configure()
-        _configured = True
-    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
-        return typed(compose(config_name="train", overrides=list(overrides)))
+def sweep_train(folder: Path, overrides: list[str]) -> list[dict[str, Any]]:
+    """One `python train.py -m` sweep into `folder` (its output in folder/sweep.log), MLflow off:
+    every job's whole results.json (params, status, metrics), in job order. A failed job does
+    not stop the sweep; the caller sees which jobs are missing or did not finish."""
+    folder.mkdir(parents=True, exist_ok=True)
+    sweep = ["train.py", "-m", "tracking=false", *overrides, f"hydra.sweep.dir={folder}"]
+    run_python(sweep, log=folder / "sweep.log", check=False)
+    return sweep_results(folder)
 
 
 def generated_root(n_images: int) -> Path:
@@ -68,6 +140,7 @@ def generated_root(n_images: int) -> Path:
 
 
 def machine() -> str:
+    """This machine in one line, for a section's header: CPU, cores, memory, GPUs, versions."""
     cpu = cpu_model()
     gpu = gpus() if torch.cuda.is_available() else "no GPU"
     memory = psutil.virtual_memory().total / 2**30
@@ -101,13 +174,8 @@ def load_note() -> str:
     return f"1-minute load average {one_minute:.2f} as the runs began"
 
 
-def command_line(script: str, argv: list[str] | None) -> str:
-    """How this benchmark was invoked, for its section's header."""
-    arguments = " ".join(argv if argv is not None else sys.argv[1:])
-    return f"python bench/{script} {arguments}".rstrip()
-
-
 def stamp() -> str:
+    """Now, to the minute, in UTC."""
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
@@ -133,9 +201,6 @@ def steady_cell(
     """A steady rate's cell; "-" where the run had too few batches after its warm-up for one."""
     value = metrics.get(key)
     return "-" if value is None else f"{value:,.{digits}f}"
-
-
-table = markdown  # every table of docs/benchmarks.md, as facebench renders its own
 
 
 def write_section(name: str, text: str, path: Path = BENCHMARKS_MD) -> None:

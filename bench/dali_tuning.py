@@ -12,36 +12,32 @@ dataset's runs. Prints a Markdown table and writes it into docs/benchmarks.md (-
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import statistics
 import tempfile
 
-from common import command_line, load_note, machine, run_train, stamp, table, write_section
+from common import Bench, parser, run_train
 
 from facebench.resources import usable_cores
+from facebench.tables import markdown
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--n-images", type=int, default=20_000)
-    parser.add_argument("--threads", nargs="+", type=int, default=[2, 3, 4])
-    parser.add_argument("--prefetch", nargs="+", type=int, default=[2, 3])
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--no-write", action="store_true")
-    args = parser.parse_args(argv)
-    cores = usable_cores()
+    arguments = parser(__doc__)
+    arguments.add_argument("--n-images", type=int, default=20_000)
+    arguments.add_argument("--threads", nargs="+", type=int, default=[2, 3, 4])
+    arguments.add_argument("--prefetch", nargs="+", type=int, default=[2, 3])
+    arguments.add_argument("--rounds", type=int, default=2)
+    bench = Bench.start(arguments, argv)
+    args = bench.args
     common = ["model=none", "cache=warm", "repeat=2", f"data.n_images={args.n_images}"]
-    settings = {"dataset": ["loader=dataset", f"n_workers={cores}"]}
+    settings = {"dataset": ["loader=dataset", f"n_workers={usable_cores()}"]}
     for threads, prefetch in itertools.product(args.threads, args.prefetch):
         settings[f"dali, {threads} threads, queue {prefetch}"] = [
             "loader=dali",
             f"n_workers={threads}",
             f"loader.prefetch_factor={prefetch}",
         ]
-    load = load_note()
     rates: dict[str, list[float]] = {name: [] for name in settings}
     with tempfile.TemporaryDirectory() as scratch:
         for _ in range(args.rounds):
@@ -61,18 +57,19 @@ def main(argv: list[str] | None = None) -> None:
     best = max(
         (name for name in rates if name != "dataset"), key=lambda n: statistics.median(rates[n])
     )
-    text = (
-        f"### DALI's CPU backend tuned, against dataset, {args.n_images:,} synthetic images, "
-        f"CPU device, warm\n\n"
-        f"{stamp()}; {machine()}. `{command_line('dali_tuning.py', argv)}`; {args.rounds} rounds, "
-        f"each setting once a round, 2 epochs a run (steady images/s, median of the two); "
-        f"{load}, nothing else ran meanwhile.\n\n"
-        + table(["setting", "steady images/s, each round", "median", "vs dataset"], rows)
+    title = (
+        f"DALI's CPU backend tuned, against dataset, {args.n_images:,} synthetic images, "
+        "CPU device, warm"
+    )
+    details = (
+        f"{args.rounds} rounds, each setting once a round, 2 epochs a run (steady images/s, "
+        "median of the two); nothing else ran meanwhile"
+    )
+    body = (
+        markdown(["setting", "steady images/s, each round", "median", "vs dataset"], rows)
         + f"\nFastest: {best} ({statistics.median(rates[best]) / base:.2f}x dataset).\n"
     )
-    print(text)
-    if not args.no_write:
-        write_section("bench:dali-tuning", text)
+    bench.publish("bench:dali-tuning", bench.section(title, details, body))
 
 
 if __name__ == "__main__":

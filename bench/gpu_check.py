@@ -19,19 +19,19 @@ webdataset, braceexpand): see the README's "Checking on a GPU machine".
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from common import machine, stamp, steady_cell, table, write_section
+from common import BENCHMARKS_MD, Bench, parser, run_python, steady_cell, sweep_train
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+from facebench.paths import PROJECT_ROOT
+from facebench.tables import markdown
+
 # Each mode's name and the (model, host_only) its jobs ran with.
 MODES = {
     "host only": ("none", True),
@@ -70,35 +70,11 @@ def known_formats() -> list[str]:
     ]
 
 
-def run(command: list[str], env: dict[str, str], log: Path) -> subprocess.CompletedProcess:
-    print("$", " ".join(command), file=sys.stderr, flush=True)
-    result = subprocess.run(
-        command, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, check=False
-    )
-    log.write_text(result.stdout + result.stderr, encoding="utf-8")
-    return result
-
-
-def sweep(
-    loaders: list[str], mode: list[str], common: list[str], out: Path, env: dict[str, str]
-) -> dict[tuple[str, bool, str], dict]:
-    """One `train.py -m` over the loaders (and whatever `mode` sweeps too); each job's
-    results.json, by (loader, host_only, model), the model counted as "resnet50" for all."""
-    out.mkdir(parents=True, exist_ok=True)
-    command = [
-        sys.executable,
-        "train.py",
-        "-m",
-        f"loader={','.join(loaders)}",
-        *mode,
-        *common,
-        "tracking=false",
-        f"hydra.sweep.dir={out}",
-    ]
-    run(command, env, out / "sweep.log")
+def jobs_by_key(jobs: list[dict[str, Any]]) -> dict[tuple[str, bool, str], dict[str, Any]]:
+    """A sweep's jobs by (loader, host_only, model), the model counted as "resnet50" for all
+    (the dry run's smaller model stands in for it)."""
     found = {}
-    for path in out.glob("*/results.json"):
-        job = json.loads(path.read_text())
+    for job in jobs:
         params = job["params"]
         model = "none" if params["model"] == "none" else "resnet50"
         found[(params["loader"], bool(params["host_only"]), model)] = job
@@ -127,61 +103,54 @@ def row(mode: str, loader: str, job: dict | None) -> list[str]:
     ]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+def start(argv: list[str] | None) -> Bench:
+    """This script's arguments, parsed, and the run begun."""
+    arguments = parser(__doc__)
+    arguments.add_argument(
+        "--dry-run", action="store_true", help="CPU, tiny sizes: checks the steps"
     )
-    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes: checks the steps")
-    parser.add_argument("--n-images", type=int, help="synthetic set size (100,000; dry run 240)")
-    parser.add_argument("--workers", type=int, help="n_workers for every loader (16; dry run 2)")
-    parser.add_argument("--batch-size", type=int, help="600; dry run 16")
-    parser.add_argument("--out", type=Path, help="docs file to write (docs/benchmarks.md)")
-    parser.add_argument("--no-write", action="store_true")
-    parser.add_argument("--skip-tests", action="store_true")
-    parser.add_argument("--cache-dir", type=Path, help="where the synthetic set goes (.cache)")
-    args = parser.parse_args(argv)
-    dry = args.dry_run
-    n_images = args.n_images or (240 if dry else 100_000)
-    workers = args.workers if args.workers is not None else (2 if dry else 16)
-    batch_size = args.batch_size or (16 if dry else 600)
+    arguments.add_argument("--n-images", type=int, help="synthetic set size (100,000; dry run 240)")
+    arguments.add_argument("--workers", type=int, help="n_workers for every loader (16; dry run 2)")
+    arguments.add_argument("--batch-size", type=int, help="600; dry run 16")
+    arguments.add_argument("--out", type=Path, help="docs file to write (docs/benchmarks.md)")
+    arguments.add_argument("--skip-tests", action="store_true")
+    arguments.add_argument("--cache-dir", type=Path, help="where the synthetic set goes (.cache)")
+    bench = Bench.start(arguments, argv)
+    args, dry = bench.args, bench.args.dry_run
+    # The sizes a run was not given: the full check's, or the dry run's tiny ones.
+    args.n_images = args.n_images or (240 if dry else 100_000)
+    args.workers = args.workers if args.workers is not None else (2 if dry else 16)
+    args.batch_size = args.batch_size or (16 if dry else 600)
+    return bench
+
+
+def not_ready(dry: bool) -> str | None:
+    """Why the check cannot run here (a sentence), or None."""
     missing = [name for name in _REQUIRED if not available(name)]
     if missing:
-        print(
+        return (
             f"missing Python packages: {', '.join(missing)}. Install the wheels as the README's "
-            '"Checking on a GPU machine" says, then run again.',
-            file=sys.stderr,
+            '"Checking on a GPU machine" says, then run again.'
         )
-        return 2
     import torch
 
     if not dry and not torch.cuda.is_available():
-        print("no CUDA device here; use --dry-run to check the steps on a CPU", file=sys.stderr)
-        return 2
-    started = time.perf_counter()
-    env = dict(
-        os.environ, PYTHONPATH=f"{PROJECT_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
-    )
-    scratch = Path(tempfile.mkdtemp(prefix="gpu-check-"))
-    cache = args.cache_dir or (scratch / "cache" if dry else PROJECT_ROOT / ".cache")
-    device = "cpu" if dry else "cuda"
-    common = [
-        f"data.cache_dir={cache}",
-        f"data.n_images={n_images}",
-        f"n_workers={workers}",
-        f"batch_size={batch_size}",
-        f"device={device}",
-        "resource_check=false" if dry else "resource_check=true",
-    ]
-    lines = []
-    if not args.skip_tests:
-        tests = run(
-            [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests"], env, scratch / "tests.log"
-        )
-        summary = (tests.stdout.strip().splitlines() or ["(no output)"])[-1]
-        lines.append(f"gpu-marked tests: {summary}")
+        return "no CUDA device here; use --dry-run to check the steps on a CPU"
+    return None
+
+
+def run_tests(scratch: Path) -> str:
+    """The gpu-marked tests, summed up in their last line."""
+    tests = ["-m", "pytest", "-q", "-m", "gpu", "tests"]
+    result = run_python(tests, log=scratch / "tests.log", check=False)
+    summary = (result.stdout.strip().splitlines() or ["(no output)"])[-1]
+    return f"gpu-marked tests: {summary}"
+
+
+def build_shards(cache: Path, n_images: int, scratch: Path) -> str | None:
+    """Every shard format (whose library is here) built for the set: a line if that failed."""
     formats = ",".join(known_formats())
     prepare = [
-        sys.executable,
         "prepare.py",
         "-m",
         f"format={formats}",
@@ -190,48 +159,73 @@ def main(argv: list[str] | None = None) -> int:
         f"n_workers={os.cpu_count() or 1}",
         f"hydra.sweep.dir={scratch / 'prepare'}",
     ]
-    if run(prepare, env, scratch / "prepare.log").returncode != 0:
-        lines.append(f"prepare.py -m format={formats} failed: see {scratch / 'prepare.log'}")
-    from facebench import loaders as registry
+    if run_python(prepare, log=scratch / "prepare.log", check=False).returncode != 0:
+        return f"prepare.py -m format={formats} failed: see {scratch / 'prepare.log'}"
+    return None
 
-    loaders = known_loaders()
-    skipped = [name for name in registry.names(real_only=True) if name not in loaders]
+
+def run_jobs(
+    loaders: list[str], common: list[str], dry: bool, scratch: Path
+) -> dict[tuple[str, bool, str], dict[str, Any]]:
+    """Two sweeps: every loader loader-only, host_only true and false; then every loader and
+    the compute ceiling with the model. Their jobs by (loader, host_only, model)."""
     host = ["model=none", "host_only=true,false"]
-    jobs = sweep(loaders, host, common, scratch / "loader-only", env)
+    jobs = sweep_train(scratch / "loader-only", [f"loader={','.join(loaders)}", *host, *common])
     model = _DRY_MODEL if dry else ["model=resnet50", "amp=auto"]
-    jobs |= sweep([*loaders, "ceiling"], model, common, scratch / "resnet50", env)
+    everything = f"loader={','.join([*loaders, 'ceiling'])}"
+    jobs += sweep_train(scratch / "resnet50", [everything, *model, *common])
+    return jobs_by_key(jobs)
+
+
+def check_table(loaders: list[str], jobs: dict[tuple[str, bool, str], dict[str, Any]]) -> str:
+    """One row per mode and loader, then the compute ceiling's."""
     rows = [
         row(mode, loader, jobs.get((loader, host_only, model_name)))
         for mode, (model_name, host_only) in MODES.items()
         for loader in loaders
     ]
     rows.append(row("compute ceiling", "ceiling", jobs.get(("ceiling", False, "resnet50"))))
-    header = [
-        "mode",
-        "loader",
-        "images/s",
-        "steady images/s",
-        "gpu_busy_frac",
-        "gpu_util_mean %",
-        "data_wait_frac",
-        "first batch s",
-        "epoch s",
+    header = ["mode", "loader", "images/s", "steady images/s", "gpu_busy_frac"]
+    header += ["gpu_util_mean %", "data_wait_frac", "first batch s", "epoch s"]
+    return markdown(header, rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    bench = start(argv)
+    args, dry = bench.args, bench.args.dry_run
+    problem = not_ready(dry)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    scratch = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    cache = args.cache_dir or (scratch / "cache" if dry else PROJECT_ROOT / ".cache")
+    common = [
+        f"data.cache_dir={cache}",
+        f"data.n_images={args.n_images}",
+        f"n_workers={args.workers}",
+        f"batch_size={args.batch_size}",
+        f"device={'cpu' if dry else 'cuda'}",
+        f"resource_check={'false' if dry else 'true'}",
     ]
+    lines = [] if args.skip_tests else [run_tests(scratch)]
+    failed = build_shards(cache, args.n_images, scratch)
+    lines += [failed] if failed else []
+    from facebench import loaders as registry
+
+    loaders = known_loaders()
+    skipped = [name for name in registry.names(real_only=True) if name not in loaders]
+    lines += [f"not installed here, skipped: {', '.join(skipped)}"] if skipped else []
+    jobs = run_jobs(loaders, common, dry, scratch)
     title = "GPU check (dry run on a CPU: steps only, numbers mean nothing)" if dry else "GPU check"
-    text = (
-        f"### {title}: {n_images:,} synthetic images, batch {batch_size}, "
-        f"n_workers {workers}\n\n{stamp()}; {machine()}. `python bench/gpu_check.py"
-        f"{' --dry-run' if dry else ''}`, {time.perf_counter() - started:,.0f} s in all.\n\n"
-        + "\n".join(f"- {line}" for line in lines)
-        + ("\n" if lines else "")
-        + (f"- not installed here, skipped: {', '.join(skipped)}\n" if skipped else "")
-        + "\n"
-        + table(header, rows)
+    title += (
+        f": {args.n_images:,} synthetic images, batch {args.batch_size}, n_workers {args.workers}"
     )
-    print(text)
-    if not args.no_write:
-        section = "bench:gpu-check-dry-run" if dry else "bench:gpu-check"
-        write_section(section, text, **({"path": args.out} if args.out else {}))
+    details = f"{time.perf_counter() - started:,.0f} s in all"
+    body = "".join(f"- {line}\n" for line in lines) + ("\n" if lines else "")
+    body += check_table(loaders, jobs)
+    section = "bench:gpu-check-dry-run" if dry else "bench:gpu-check"
+    bench.publish(section, bench.section(title, details, body), args.out or BENCHMARKS_MD)
     print(f"logs in {scratch}", file=sys.stderr)
     return 0
 

@@ -20,7 +20,6 @@ device with n_workers equal to the cores, and its rate is given as a share of ea
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import os
 import tempfile
@@ -30,16 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import (
-    command_line,
-    generated_root,
-    load_note,
-    machine,
-    run_train,
-    stamp,
-    table,
-    write_section,
-)
+from common import Bench, generated_root, parser, run_train
 from PIL import Image
 
 from facebench.data.batch_transforms import crop_normalize_on_cpu, crop_offsets
@@ -51,6 +41,7 @@ from facebench.paths import shards_root
 from facebench.resources import usable_cores
 from facebench.shards import raw_format
 from facebench.shards.manifest import Manifest
+from facebench.tables import markdown
 
 # Which limit each decoding loader is held against (its own decoding path).
 MATCHING = {
@@ -168,7 +159,7 @@ def finishing_limit(
     return counted / elapsed
 
 
-def decode_section(n_images: int, cores: int) -> str:
+def decode_section(bench: Bench, n_images: int, cores: int) -> str:
     """The decode limits and each decoding loader's share, as a Markdown section."""
     with tempfile.TemporaryDirectory() as scratch:
         common = ["model=none", "host_only=true", "cache=warm", f"data.n_images={n_images}"]
@@ -185,17 +176,20 @@ def decode_section(n_images: int, cores: int) -> str:
         kind, steady = MATCHING[name], metrics["steady_images_per_s"]
         share = f"{100 * steady / limits[kind]:.0f}%"
         rows.append([name, kind, f"{steady:,.0f}", f"{limits[kind]:,.0f}", share])
-    return (
-        f"### Decode limits and each decoding loader's share, {n_images:,} synthetic "
-        f"images, warm, host side, n_workers {cores}\n\n"
-        f"Limits: {cores} processes together, one share of the {len(files):,} files each.\n\n"
-        + table(["limit", "images/s"], [[kind, f"{rate:,.0f}"] for kind, rate in limits.items()])
-        + "\n"
-        + table(["loader", "its limit", "steady images/s", "limit", "share"], rows)
+    title = (
+        f"Decode limits and each decoding loader's share, {n_images:,} synthetic images, warm, "
+        f"host side, n_workers {cores}"
     )
+    body = (
+        f"Limits: {cores} processes together, one share of the {len(files):,} files each.\n\n"
+        + markdown(["limit", "images/s"], [[kind, f"{rate:,.0f}"] for kind, rate in limits.items()])
+        + "\n"
+        + markdown(["loader", "its limit", "steady images/s", "limit", "share"], rows)
+    )
+    return bench.section(title, "nothing else ran meanwhile", body)
 
 
-def finishing_section(n_images: int, cores: int, batch_size: int = 600) -> str:
+def finishing_section(bench: Bench, n_images: int, cores: int, batch_size: int = 600) -> str:
     """raw's limits on a CPU device and its share of each, as a Markdown section."""
     with tempfile.TemporaryDirectory() as scratch:
         common = ["loader=raw", f"n_workers={cores}", "model=none", "cache=warm", "repeat=3"]
@@ -214,39 +208,31 @@ def finishing_section(n_images: int, cores: int, batch_size: int = 600) -> str:
         ["gather, then finish, in each thread", limits["gather, then finish"]],
     ]
     cells = [[what, f"{rate:,.0f}", f"{100 * device / rate:.0f}%"] for what, rate in rows]
-    return (
-        f"### raw's limits on a CPU device, {n_images:,} synthetic images, warm, batch "
-        f"{batch_size}, {cores} threads\n\n"
+    title = (
+        f"raw's limits on a CPU device, {n_images:,} synthetic images, warm, batch {batch_size}, "
+        f"{cores} threads"
+    )
+    body = (
         f"raw, n_workers {cores}, CPU device: {device:,.0f} images/s steady (median of 3 "
         f"epochs); host side only (`host_only=true`): {host:,.0f}.\n\n"
-        + table(["limit, no loader", "images/s", "raw's share"], cells)
+        + markdown(["limit, no loader", "images/s", "raw's share"], cells)
         + f"\nIf each image cost the cores its gathering and its finishing, one after the "
         f"other, the two together would run at 1 / (1/finish + 1/gather) = {alone:,.0f} "
         "images/s.\n"
     )
+    return bench.section(title, "nothing else ran meanwhile", body)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--n-images", type=int, default=20_000)
-    parser.add_argument("--parts", nargs="+", default=["decode", "finishing"])
-    parser.add_argument("--no-write", action="store_true")
-    args = parser.parse_args(argv)
-    load = load_note()
+    arguments = parser(__doc__)
+    arguments.add_argument("--n-images", type=int, default=20_000)
+    arguments.add_argument("--parts", nargs="+", default=["decode", "finishing"])
+    bench = Bench.start(arguments, argv)
     cores = usable_cores()
-    header = (
-        f"{stamp()}; {machine()}. `{command_line('limits.py', argv)}`; {load}, nothing else "
-        "ran meanwhile.\n\n"
-    )
-    for part in args.parts:
-        body = (decode_section if part == "decode" else finishing_section)(args.n_images, cores)
-        title, rest = body.split("\n\n", 1)
-        text = f"{title}\n\n{header}{rest}"
-        print(text)
-        if not args.no_write:
-            write_section(f"bench:{part}-limits", text)
+    for part in bench.args.parts:
+        section = decode_section if part == "decode" else finishing_section
+        text = section(bench, bench.args.n_images, cores)
+        bench.publish(f"bench:{part}-limits", text)
 
 
 if __name__ == "__main__":

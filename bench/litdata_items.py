@@ -13,13 +13,12 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-from common import load_note, machine, stamp
+from common import Bench
 from torchvision.transforms import functional
 
 from facebench.data.images import decode_sample, open_sample
@@ -27,6 +26,7 @@ from facebench.data.sources import read_records
 from facebench.data.synthetic import ensure_synthetic
 from facebench.data.transforms import RESIZE
 from facebench.paths import cache_dir
+from facebench.tables import markdown
 
 
 def encoded_item(sample: tuple[int, str, str, int]) -> dict:
@@ -93,12 +93,13 @@ def disk(folder: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n-images", type=int, default=20_000)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=600)
-    args = parser.parse_args(argv)
-
+    # Its answer is in facebench/shards/litdata_format.py: it prints, and writes no docs section.
+    arguments = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    arguments.add_argument("--n-images", type=int, default=20_000)
+    arguments.add_argument("--workers", type=int, default=2)
+    arguments.add_argument("--batch-size", type=int, default=600)
+    bench = Bench.start(arguments, argv)
+    args = bench.args
     root = ensure_synthetic(cache_dir(), args.n_images)
     records, _ = read_records(root)
     samples = [(i, r.path, r.source, r.label) for i, r in enumerate(records)]
@@ -108,15 +109,14 @@ def main(argv: list[str] | None = None) -> None:
             folder = Path(scratch) / name.replace(" ", "-")
             write(folder, samples, fn)
             rate = read(folder, args.batch_size, args.workers, Path(scratch) / "reader-cache")
-            rows.append((name, rate, disk(folder) / 2**30))
-    print(
-        f"\n{stamp()} | {machine()} | {args.n_images:,} synthetic images, warm, "
-        f"batch {args.batch_size}, n_workers {args.workers} | {load_note()}\n"
+            rows.append([name, f"{rate:,.0f}", f"{disk(folder) / 2**30:.2f}"])
+    title = "LitData's items: encoded files or decoded uint8 samples"
+    details = (
+        f"{args.n_images:,} synthetic images, warm, batch {args.batch_size}, "
+        f"n_workers {args.workers}"
     )
-    print("| items | images/s | disk (GiB) |\n|---|---:|---:|")
-    for name, rate, gib in rows:
-        print(f"| {name} | {rate:,.0f} | {gib:.2f} |")
+    print(bench.section(title, details, markdown(["items", "images/s", "disk (GiB)"], rows)))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -16,25 +16,54 @@ from __future__ import annotations
 import argparse
 import itertools
 import tempfile
+from dataclasses import dataclass
 
-from common import (
-    STAGE_HEADER,
-    command_line,
-    load_note,
-    machine,
-    run_train,
-    stage_cells,
-    stamp,
-    steady_cell,
-    table,
-    write_section,
-)
+from common import STAGE_HEADER, Bench, parser, run_train, stage_cells, steady_cell
 
 from facebench import loaders
 from facebench.loaders.spec import Handover
 from facebench.stages import MAIN_STAGES
+from facebench.tables import markdown
 
 LOADERS = loaders.names(real_only=True)  # the registry's, never written out
+HEADER = [
+    "loader",
+    "workers",
+    "host only",
+    "cache",
+    "images/s",
+    "steady images/s",
+    "vs dataset",
+    "first batch s",
+    "data wait",
+    "peak RSS MB",
+    "memory added MB",
+    "read MB",
+    "CPU %",
+    "order_corr",
+    "cached before",
+]
+
+
+@dataclass(frozen=True)
+class Run:
+    """One row's train.py job: where it ran, and its metrics."""
+
+    loader: str
+    workers: int
+    host_only: str  # "true" or "false", as the override takes it
+    cache: str
+    metrics: dict[str, float]
+
+    @property
+    def rate(self) -> float:
+        """Whole-epoch images/s, the median over the job's epochs."""
+        return self.metrics["images_per_s_median"]
+
+    def where(self) -> list[str]:
+        """The cells that name the run: loader, workers, host only, cache."""
+        host = "yes" if self.host_only == "true" else "no"
+        return [self.loader, str(self.workers), host, self.cache]
 
 
 def crop_normalize_limit(batch_size: int, seconds: float = 3.0) -> float:
@@ -44,7 +73,6 @@ def crop_normalize_limit(batch_size: int, seconds: float = 3.0) -> float:
     core), on one batch handed over again and again. Whatever a loader does before, a CPU device
     still needs this step, so no loader that hands over uint8 batches can beat it there.
     """
-    import itertools
     import time
 
     import numpy as np
@@ -71,153 +99,140 @@ def crop_normalize_limit(batch_size: int, seconds: float = 3.0) -> float:
     return done / (time.perf_counter() - start)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--n-images", type=int, default=20_000)
-    parser.add_argument("--loaders", nargs="+", default=LOADERS)
-    parser.add_argument("--workers", nargs="+", type=int, default=[0, 2])
-    parser.add_argument("--caches", nargs="+", default=["warm", "cold"])
-    parser.add_argument(
+def start(argv: list[str] | None) -> Bench:
+    """This script's arguments, parsed, and the run begun."""
+    arguments = parser(__doc__)
+    arguments.add_argument("--n-images", type=int, default=20_000)
+    arguments.add_argument("--loaders", nargs="+", default=LOADERS)
+    arguments.add_argument("--workers", nargs="+", type=int, default=[0, 2])
+    arguments.add_argument("--caches", nargs="+", default=["warm", "cold"])
+    arguments.add_argument(
         "--host-only",
         nargs="+",
         default=["false"],
         choices=["false", "true"],
         help="true: stop where a GPU run hands the batch to the device (host_only=true)",
     )
-    parser.add_argument("--batch-size", type=int, default=600)
-    parser.add_argument("--model", default="none")
-    parser.add_argument("--ceiling-models", nargs="*", default=["resnet18", "resnet50"])
-    parser.add_argument("--ceiling-batches", type=int, default=3)
-    parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--section", default="loaders")
-    parser.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides")
-    parser.add_argument("--no-write", action="store_true")
-    args = parser.parse_args(argv)
+    arguments.add_argument("--batch-size", type=int, default=600)
+    arguments.add_argument("--model", default="none")
+    arguments.add_argument("--ceiling-models", nargs="*", default=["resnet18", "resnet50"])
+    arguments.add_argument("--ceiling-batches", type=int, default=3)
+    arguments.add_argument("--repeat", type=int, default=2)
+    arguments.add_argument("--device", default="auto")
+    arguments.add_argument("--section", default="loaders")
+    arguments.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides")
+    return Bench.start(arguments, argv)
+
+
+def run_loaders(args: argparse.Namespace, common: list[str], scratch: str) -> list[Run]:
+    """Every (cache, host_only, n_workers, loader), in that order, each its own job."""
+    runs = []
+    for cache, host_only, workers in itertools.product(args.caches, args.host_only, args.workers):
+        for loader in args.loaders:
+            overrides = [
+                f"loader={loader}",
+                f"n_workers={workers}",
+                f"cache={cache}",
+                f"model={args.model}",
+                f"repeat={args.repeat}",
+                f"host_only={host_only}",
+                *common,
+            ]
+            runs.append(Run(loader, workers, host_only, cache, run_train(scratch, overrides)))
+    return runs
+
+
+def run_ceilings(args: argparse.Namespace, common: list[str], scratch: str) -> list[list[str]]:
+    """The compute ceiling's rows: loader=ceiling with each --ceiling-models model."""
+    rows = []
+    for model in args.ceiling_models:
+        overrides = ["loader=ceiling", f"model={model}", "n_workers=0"]
+        overrides += [f"max_batches={args.ceiling_batches}", *common]
+        m = run_train(scratch, overrides)
+        rows.append([model, f"{m['images_per_s']:,.1f}", steady_cell(m, digits=1)])
+    return rows
+
+
+def loader_rows(runs: list[Run]) -> list[list[str]]:
+    """The main table's rows, each rate also as a ratio to dataset's under the same settings."""
+    baseline = {(r.cache, r.host_only, r.workers): r.rate for r in runs if r.loader == "dataset"}
+    rows = []
+    for run in runs:
+        m, base = run.metrics, baseline.get((run.cache, run.host_only, run.workers))
+        rows.append(
+            [
+                *run.where(),
+                f"{run.rate:,.0f}",
+                steady_cell(m, "steady_images_per_s_median"),
+                f"{run.rate / base:.2f}x" if base else "",
+                f"{m['time_to_first_batch_s_median']:.2f}",
+                f"{m['data_wait_frac_median']:.2f}",
+                f"{m['peak_rss_mb']:,.0f}",
+                f"{m['peak_mem_added_mb']:,.0f}",
+                f"{m.get('read_mb', float('nan')):,.0f}",
+                f"{m.get('cpu_util_mean', float('nan')):.0f}",
+                f"{m['order_corr']:.3f}" if "order_corr" in m else "",
+                f"{m['cache_resident_frac']:.2f}" if "cache_resident_frac" in m else "",
+            ]
+        )
+    return rows
+
+
+def stage_table(runs: list[Run]) -> str:
+    """Where each image's time went, per run: the workers' stages, and the loop's shares."""
+    rows = []
+    for run in runs:
+        loop = [f"{100 * run.metrics.get(f'stage_{name}_frac', 0.0):.0f}%" for name in MAIN_STAGES]
+        rows.append([*run.where(), *stage_cells(run.metrics), *loop])
+    return (
+        "\nWhere each image's time went (the last epoch of each row): the workers' stages in "
+        "us per image, summed over workers; the loop's, as shares of the epoch.\n\n"
+        + markdown(["loader", "workers", "host only", "cache", *STAGE_HEADER, *MAIN_STAGES], rows)
+    )
+
+
+def limit_note(runs: list[Run], batch_size: int) -> str:
+    """The CPU device's finishing limit, and the share of it each uint8 loader reached."""
+    limit = crop_normalize_limit(batch_size)
+    text = (
+        f"\nLimit on a CPU device: cropping and normalizing uint8 batches already in memory runs "
+        f"at {limit:,.0f} images/s here (facebench's own finishing threads, all cores); no loader "
+        "that hands over uint8 batches can deliver finished ones faster."
+    )
+    shares = [
+        f"{run.loader} (n_workers {run.workers}, {run.cache}) {100 * run.rate / limit:.0f}%"
+        for run in runs
+        if run.host_only == "false"
+        and loaders.get(run.loader).traits_for().handover == Handover.uint8
+    ]
+    return text + (f" Share of it reached: {'; '.join(shares)}.\n" if shares else "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    bench = start(argv)
+    args = bench.args
     common = [
         f"batch_size={args.batch_size}",
         f"device={args.device}",
         f"data.n_images={args.n_images}",
         *args.extra,
     ]
-    load = load_note()
-    rows, baseline, rates, stage_rows = [], {}, [], []
     with tempfile.TemporaryDirectory() as scratch:
-        for cache, host_only, workers in itertools.product(
-            args.caches, args.host_only, args.workers
-        ):
-            for loader in args.loaders:
-                m = run_train(
-                    scratch,
-                    [
-                        f"loader={loader}",
-                        f"n_workers={workers}",
-                        f"cache={cache}",
-                        f"model={args.model}",
-                        f"repeat={args.repeat}",
-                        f"host_only={host_only}",
-                        *common,
-                    ],
-                )
-                rate = m["images_per_s_median"]
-                loop = [f"{100 * m.get(f'stage_{name}_frac', 0.0):.0f}%" for name in MAIN_STAGES]
-                where = [loader, str(workers), "yes" if host_only == "true" else "no", cache]
-                stage_rows.append([*where, *stage_cells(m), *loop])
-                rates.append((loader, workers, host_only, cache, rate))
-                if loader == "dataset":
-                    baseline[(cache, host_only, workers)] = rate
-                rows.append(
-                    [
-                        loader,
-                        str(workers),
-                        "yes" if host_only == "true" else "no",
-                        cache,
-                        f"{rate:,.0f}",
-                        steady_cell(m, "steady_images_per_s_median"),
-                        "",  # vs dataset: filled in once every loader has run
-                        f"{m['time_to_first_batch_s_median']:.2f}",
-                        f"{m['data_wait_frac_median']:.2f}",
-                        f"{m['peak_rss_mb']:,.0f}",
-                        f"{m['peak_mem_added_mb']:,.0f}",
-                        f"{m.get('read_mb', float('nan')):,.0f}",
-                        f"{m.get('cpu_util_mean', float('nan')):.0f}",
-                        f"{m['order_corr']:.3f}" if "order_corr" in m else "",
-                        f"{m['cache_resident_frac']:.2f}" if "cache_resident_frac" in m else "",
-                    ]
-                )
-        for row, (_, workers, host_only, cache, rate) in zip(rows, rates, strict=True):
-            base = baseline.get((cache, host_only, workers))
-            row[6] = f"{rate / base:.2f}x" if base else ""
-        ceilings = [
-            [model, f"{m['images_per_s']:,.1f}", steady_cell(m, digits=1)]
-            for model in args.ceiling_models
-            for m in [
-                run_train(
-                    scratch,
-                    [
-                        "loader=ceiling",
-                        f"model={model}",
-                        "n_workers=0",
-                        f"max_batches={args.ceiling_batches}",
-                        *common,
-                    ],
-                )
-            ]
-        ]
-    header = [
-        "loader",
-        "workers",
-        "host only",
-        "cache",
-        "images/s",
-        "steady images/s",
-        "vs dataset",
-        "first batch s",
-        "data wait",
-        "peak RSS MB",
-        "memory added MB",
-        "read MB",
-        "CPU %",
-        "order_corr",
-        "cached before",
-    ]
-    text = (
-        f"### Loaders, model={args.model}, {args.n_images:,} synthetic images, "
-        f"batch {args.batch_size}\n\n"
-        f"{stamp()}; {machine()}. `{command_line('loaders.py', argv)}`; "
-        f"medians of {args.repeat} epochs per row (memory and CPU of the last); {load}.\n\n"
-        + table(header, rows)
+        runs = run_loaders(args, common, scratch)
+        ceilings = run_ceilings(args, common, scratch)
+    title = (
+        f"Loaders, model={args.model}, {args.n_images:,} synthetic images, batch {args.batch_size}"
     )
-    text += (
-        "\nWhere each image's time went (the last epoch of each row): the workers' stages in "
-        "us per image, summed over workers; the loop's, as shares of the epoch.\n\n"
-        + table(
-            ["loader", "workers", "host only", "cache", *STAGE_HEADER, *MAIN_STAGES], stage_rows
-        )
-    )
-    limit = crop_normalize_limit(args.batch_size)
-    text += (
-        f"\nLimit on a CPU device: cropping and normalizing uint8 batches already in memory runs "
-        f"at {limit:,.0f} images/s here (facebench's own finishing threads, all cores); no loader "
-        "that hands over uint8 batches can deliver finished ones faster."
-    )
-    shares = [
-        f"{loader} (n_workers {workers}, {cache}) {100 * rate / limit:.0f}%"
-        for loader, workers, host_only, cache, rate in rates
-        if host_only == "false" and loaders.get(loader).traits_for().handover == Handover.uint8
-    ]
-    text += f" Share of it reached: {'; '.join(shares)}.\n" if shares else "\n"
+    details = f"medians of {args.repeat} epochs per row (memory and CPU of the last)"
+    body = markdown(HEADER, loader_rows(runs)) + stage_table(runs)
+    body += limit_note(runs, args.batch_size)
     if ceilings:
-        text += (
+        body += (
             f"\nCompute ceilings (loader=ceiling: one batch on the device, no I/O; "
             f"{args.ceiling_batches} batches of {args.batch_size}):\n\n"
-            + table(["model", "images/s", "steady images/s"], ceilings)
+            + markdown(["model", "images/s", "steady images/s"], ceilings)
         )
-    print(text)
-    if not args.no_write:
-        write_section(f"bench:{args.section}", text)
+    bench.publish(f"bench:{args.section}", bench.section(title, details, body))
 
 
 if __name__ == "__main__":

@@ -4,28 +4,26 @@ and on: stage times, the resource sampler, MLflow's system metrics.
     python bench/sampler_overhead.py --loader dataset
     python bench/sampler_overhead.py --loader raw --repeat 5
 
-Alternates, round after round, runs with everything off (sample_hz=0, tracking off, stage_times
-off; only the start/end counters), stage times on, the sampler at 4 Hz, and the sampler with
-MLflow's system metrics (a temporary store), so drift in the machine hits all alike; prints the
-median steady and whole-epoch images/s of each, and writes the table into docs/benchmarks.md
-(one section per loader and mode).
+Alternates, round after round, train.py jobs (a process each) with everything off
+(sample_hz=0, tracking off, stage_times off; only the start/end counters), stage times on, the
+sampler at 4 Hz, and the sampler with MLflow's system metrics (a temporary store), so drift in
+the machine hits all alike; prints the median steady and whole-epoch images/s of each, and
+writes the table into docs/benchmarks.md (one section per loader and mode).
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
-import os
 import statistics
 import sys
 import tempfile
 import time
 
-from common import command_line, config, load_note, machine, stamp, table, write_section
+from common import Bench, parser, run_train
 
 from facebench import stages
 from facebench.loaders.shared import Batch
-from facebench.runner import run_training
+from facebench.tables import markdown
 from facebench.timeline import LoopTimeline
 
 OFF = ["sample_hz=0", "tracking=false", "stage_times=false"]
@@ -72,33 +70,35 @@ def timing_cost(n: int = 200_000) -> tuple[float, float]:
     return per_image, per_batch
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--n-images", type=int, default=20_000)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--loader", default="dataset")
-    parser.add_argument("--n-workers", type=int, default=2)
-    parser.add_argument("--host-only", action="store_true", help="host_only=true")
-    parser.add_argument(
+def start(argv: list[str] | None) -> Bench:
+    """This script's arguments, parsed, and the run begun."""
+    arguments = parser(__doc__)
+    arguments.add_argument("--n-images", type=int, default=20_000)
+    arguments.add_argument("--rounds", type=int, default=5)
+    arguments.add_argument("--loader", default="dataset")
+    arguments.add_argument("--n-workers", type=int, default=2)
+    arguments.add_argument("--host-only", action="store_true", help="host_only=true")
+    arguments.add_argument(
         "--repeat", type=int, default=1, help="epochs per job, medians taken (short epochs)"
     )
-    parser.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides")
-    parser.add_argument("--no-write", action="store_true")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
-    load = load_note()  # before the runs: what else was running
-    mode = "host only" if args.host_only else "loader-only"
-    with tempfile.TemporaryDirectory() as store:
-        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{store}/mlflow.db"
-        steady: dict[str, list[float]] = {name: [] for name in SETTINGS}
-        whole: dict[str, list[float]] = {name: [] for name in SETTINGS}
+    arguments.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides")
+    return Bench.start(arguments, argv)
+
+
+def measure(args: argparse.Namespace) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Each setting once a round, every run a train.py job: steady and whole-epoch images/s
+    (medians over the job's epochs) of each, by setting."""
+    steady: dict[str, list[float]] = {name: [] for name in SETTINGS}
+    whole: dict[str, list[float]] = {name: [] for name in SETTINGS}
+    with tempfile.TemporaryDirectory() as scratch:
+        # Where a setting turns MLflow on, it records into a store that goes with the runs.
+        store = {"MLFLOW_TRACKING_URI": f"sqlite:///{scratch}/mlflow.db"}
         for round_index in range(args.rounds):
             for name, overrides in SETTINGS.items():
                 print(f"round {round_index + 1}: {name}", file=sys.stderr, flush=True)
-                metrics = run_training(
-                    config(
+                metrics = run_train(
+                    scratch,
+                    [
                         f"loader={args.loader}",
                         "model=none",
                         f"n_workers={args.n_workers}",
@@ -108,13 +108,19 @@ def main(argv: list[str] | None = None) -> None:
                         f"data.n_images={args.n_images}",
                         *overrides,
                         *args.extra,
-                    )
+                    ],
+                    env=store,
                 )
                 steady[name].append(_median(metrics, "steady_images_per_s"))
                 whole[name].append(_median(metrics, "images_per_s"))
+    return steady, whole
+
+
+def overhead_rows(steady: dict[str, list[float]], whole: dict[str, list[float]]) -> list[list[str]]:
+    """Each setting's median rates, and how far each is from everything off."""
     base = statistics.median(steady["everything off"])
     base_whole = statistics.median(whole["everything off"])
-    rows = [
+    return [
         [
             name,
             f"{statistics.median(values):,.0f}",
@@ -125,36 +131,29 @@ def main(argv: list[str] | None = None) -> None:
         ]
         for name, values in steady.items()
     ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    bench = start(argv)
+    args = bench.args
+    mode = "host only" if args.host_only else "loader-only"
+    steady, whole = measure(args)
     repeats = f", {args.repeat} epochs a job (their medians)" if args.repeat > 1 else ""
-    text = (
-        f"### Measurement overhead, loader={args.loader}, {mode}, n_workers "
-        f"{args.n_workers}, warm\n\n"
-        f"{stamp()}; {machine()}. `{command_line('sampler_overhead.py', argv)}`; "
-        f"{args.rounds} rounds{repeats}, "
-        f"{args.n_images:,} synthetic images, the settings alternated within each round. "
-        f"{load}; nothing else ran on the machine meanwhile.\n\n"
-        + table(
-            [
-                "measurement",
-                "steady images/s (median)",
-                "range",
-                "vs off",
-                "whole-epoch images/s",
-                "vs off",
-            ],
-            rows,
-        )
+    title = f"Measurement overhead, loader={args.loader}, {mode}, n_workers {args.n_workers}, warm"
+    details = (
+        f"{args.rounds} rounds{repeats}, {args.n_images:,} synthetic images, the settings "
+        "alternated within each round; nothing else ran on the machine meanwhile"
     )
+    header = ["measurement", "steady images/s (median)", "range", "vs off"]
+    header += ["whole-epoch images/s", "vs off"]
     per_image, per_batch = timing_cost()
-    text += (
+    body = markdown(header, overhead_rows(steady, whole)) + (
         f"\nStage timing's own cost, measured directly in this process: {per_image:.2f} us per "
         f"image (three timed stages) and {per_batch:.1f} us per batch (its take, and the "
         "loop's timeline).\n"
     )
-    print(text)
-    if not args.no_write:
-        suffix = f"-{args.loader}" + ("-host" if args.host_only else "")
-        write_section(f"bench:sampler-overhead{suffix}", text)
+    suffix = f"-{args.loader}" + ("-host" if args.host_only else "")
+    bench.publish(f"bench:sampler-overhead{suffix}", bench.section(title, details, body))
 
 
 if __name__ == "__main__":

@@ -16,27 +16,17 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import (
-    command_line,
-    load_note,
-    machine,
-    run_train,
-    stamp,
-    steady_cell,
-    table,
-    write_section,
-)
+from common import Bench, parser, run_python, run_train, steady_cell
 
 from facebench import loaders
 from facebench.data.synthetic import synthetic_root
-from facebench.paths import PROJECT_ROOT, cache_dir
+from facebench.paths import cache_dir
 from facebench.shards import formats
+from facebench.tables import markdown
 
 LOADERS = loaders.names(real_only=True)  # the registry's, never written out
 FORMATS = formats.names()
@@ -50,15 +40,14 @@ def prepare(n_images: int, fmt: str) -> float:
     """Seconds `python prepare.py` takes to build this format from scratch, start-up included."""
     shutil.rmtree(synthetic_root(cache_dir(), n_images, 0) / "facebench-shards" / fmt, True)
     started = time.perf_counter()
-    command = [
-        sys.executable,
-        str(PROJECT_ROOT / "prepare.py"),
-        f"format={fmt}",
-        f"data.n_images={n_images}",
-        "hydra.run.dir=/tmp/facebench-scale-prepare",
-    ]
-    print("running prepare.py", fmt, n_images, file=sys.stderr, flush=True)
-    subprocess.run(command, check=True, capture_output=True)
+    run_python(
+        [
+            "prepare.py",
+            f"format={fmt}",
+            f"data.n_images={n_images}",
+            "hydra.run.dir=/tmp/facebench-scale-prepare",
+        ]
+    )
     return time.perf_counter() - started
 
 
@@ -81,53 +70,62 @@ def disk_rows(n_images: int, built: dict[str, float]) -> list[list[str]]:
     return rows
 
 
+def start(argv: list[str] | None) -> Bench:
+    """This script's arguments, parsed, and the run begun."""
+    arguments = parser(__doc__)
+    arguments.add_argument("--sizes", nargs="+", type=int, default=[20_000, 100_000, 300_000])
+    arguments.add_argument("--loaders", nargs="+", default=LOADERS)
+    arguments.add_argument("--workers", type=int, default=2)
+    arguments.add_argument("--batch-size", type=int, default=600)
+    arguments.add_argument("--full-epoch-limit", type=int, default=20_000)
+    arguments.add_argument("--max-batches", type=int, default=60)
+    return Bench.start(arguments, argv)
+
+
+def loader_rows(args: argparse.Namespace, n_images: int, scratch: str) -> list[list[str]]:
+    """Every loader on this set, host_only false then true: one train.py job and row each."""
+    capped = n_images > args.full_epoch_limit
+    rows = []
+    for host_only in ("false", "true"):
+        for loader in args.loaders:
+            m = run_train(
+                scratch,
+                [
+                    f"loader={loader}",
+                    f"n_workers={args.workers}",
+                    f"batch_size={args.batch_size}",
+                    f"data.n_images={n_images}",
+                    f"host_only={host_only}",
+                    f"max_batches={args.max_batches if capped else 0}",
+                    "model=none",
+                    "cache=warm",
+                    "repeat=1",
+                ],
+            )
+            rows.append(
+                [
+                    f"{n_images:,}",
+                    loader,
+                    "yes" if host_only == "true" else "no",
+                    f"{m['listing_s']:.2f}",
+                    f"{m['time_to_first_batch_s']:.2f}",
+                    steady_cell(m),
+                    f"{m['peak_mem_added_mb']:,.0f}",
+                    f"{m['samples_seen']:,.0f}",
+                ]
+            )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--sizes", nargs="+", type=int, default=[20_000, 100_000, 300_000])
-    parser.add_argument("--loaders", nargs="+", default=LOADERS)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=600)
-    parser.add_argument("--full-epoch-limit", type=int, default=20_000)
-    parser.add_argument("--max-batches", type=int, default=60)
-    parser.add_argument("--no-write", action="store_true")
-    args = parser.parse_args(argv)
-    load = load_note()
+    bench = start(argv)
+    args = bench.args
     rows, disk = [], []
     with tempfile.TemporaryDirectory() as scratch:
         for n_images in args.sizes:
             built = {fmt: prepare(n_images, fmt) for fmt in FORMATS}
             disk += disk_rows(n_images, built)
-            capped = n_images > args.full_epoch_limit
-            for host_only in ("false", "true"):
-                for loader in args.loaders:
-                    m = run_train(
-                        scratch,
-                        [
-                            f"loader={loader}",
-                            f"n_workers={args.workers}",
-                            f"batch_size={args.batch_size}",
-                            f"data.n_images={n_images}",
-                            f"host_only={host_only}",
-                            f"max_batches={args.max_batches if capped else 0}",
-                            "model=none",
-                            "cache=warm",
-                            "repeat=1",
-                        ],
-                    )
-                    rows.append(
-                        [
-                            f"{n_images:,}",
-                            loader,
-                            "yes" if host_only == "true" else "no",
-                            f"{m['listing_s']:.2f}",
-                            f"{m['time_to_first_batch_s']:.2f}",
-                            steady_cell(m),
-                            f"{m['peak_mem_added_mb']:,.0f}",
-                            f"{m['samples_seen']:,.0f}",
-                        ]
-                    )
+            rows += loader_rows(args, n_images, scratch)
     header = [
         "images",
         "loader",
@@ -138,19 +136,20 @@ def main(argv: list[str] | None = None) -> None:
         "memory added MB",
         "images timed",
     ]
-    text = (
-        f"### How cost grows with the data: loader-only, warm, n_workers {args.workers}, "
-        f"batch {args.batch_size}\n\n"
-        f"{stamp()}; {machine()}. `{command_line('scale.py', argv)}`; one epoch "
-        f"per row, sets over {args.full_epoch_limit:,} images timed over their first "
-        f"{args.max_batches} batches; {load}.\n\n"
-        + table(header, rows)
-        + "\nDisk per format, and `prepare.py` build time (2 processes):\n\n"
-        + table(["images", "format", "build s", "disk GiB", "vs originals"], disk)
+    title = (
+        f"How cost grows with the data: loader-only, warm, n_workers {args.workers}, "
+        f"batch {args.batch_size}"
     )
-    print(text)
-    if not args.no_write:
-        write_section("bench:scale", text)
+    details = (
+        f"one epoch per row, sets over {args.full_epoch_limit:,} images timed over their first "
+        f"{args.max_batches} batches"
+    )
+    body = (
+        markdown(header, rows)
+        + "\nDisk per format, and `prepare.py` build time (2 processes):\n\n"
+        + markdown(["images", "format", "build s", "disk GiB", "vs originals"], disk)
+    )
+    bench.publish("bench:scale", bench.section(title, details, body))
 
 
 if __name__ == "__main__":
