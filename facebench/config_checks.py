@@ -92,6 +92,7 @@ def _amount_problems(cfg: DictConfig) -> list[str]:
 
 
 _AT_LEAST_ONE = (
+    "accelerators_per_host",
     "batch_size",
     "epochs",
     "repeat",
@@ -128,10 +129,18 @@ def _range_problems(cfg: DictConfig) -> list[str]:
 def _mode_problems(cfg: DictConfig) -> list[str]:
     """Choices that contradict each other."""
     problems = []
-    if OmegaConf.select(cfg, "loader.name") == "ceiling" and cfg.model == "none":
+    emulated = OmegaConf.select(cfg, "accelerator.name") not in (None, "none")
+    if OmegaConf.select(cfg, "loader.name") == "ceiling" and cfg.model == "none" and not emulated:
         problems.append(
             "loader=ceiling with model=none measures nothing: it hands the same batch, already "
             "on the device, to no model. It is the compute ceiling: use it with a model"
+        )
+    accelerators = OmegaConf.select(cfg, "accelerators_per_host") or 1
+    if accelerators > 1 and OmegaConf.select(cfg, "accelerator.name") in (None, "none"):
+        problems.append(
+            f"accelerators_per_host={accelerators} emulates that many accelerators; it "
+            "needs one to emulate (accelerator=a100, h100 or custom). For real GPUs, start "
+            "train.py with torchrun (docs/scaling.md)"
         )
     if OmegaConf.select(cfg, "loader.method") == "none":
         problems.append(

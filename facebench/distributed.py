@@ -115,7 +115,7 @@ def whole_job(per_rank: list[dict[str, float]]) -> dict[str, float]:
     if len(per_rank) == 1:
         return dict(per_rank[0])
     merged = dict(per_rank[0])  # rank 0's values for what is not merged below (order metrics)
-    for name in ("samples_seen", "batches", "read_mb", "peak_rss_mb"):
+    for name in ("samples_seen", "batches", "warmup_batches", "read_mb", "peak_rss_mb"):
         values = [m[name] for m in per_rank if name in m]
         if values:
             merged[name] = float(sum(values))
@@ -134,6 +134,12 @@ def whole_job(per_rank: list[dict[str, float]]) -> dict[str, float]:
     merged["data_wait_frac"] = statistics.mean(m["data_wait_frac"] for m in per_rank)
     merged["data_wait_frac_max"] = max(m["data_wait_frac"] for m in per_rank)
     merged["cpu_util_mean"] = statistics.mean(m.get("cpu_util_mean", 0.0) for m in per_rank)
+    # Emulated accelerators, one a rank: their utilization's mean (DLIO's figure) and the
+    # lowest; the time they computed, summed. (au_pass is the caller's: it knows min_au.)
+    if all("au" in m for m in per_rank):
+        merged["au"] = statistics.mean(m["au"] for m in per_rank)
+        merged["au_min"] = min(m["au"] for m in per_rank)
+        merged["accelerator_compute_s"] = sum(m["accelerator_compute_s"] for m in per_rank)
     # Stage times are per image and shares: every rank handles as many images, so the job's
     # are the ranks' means.
     for name in {key for m in per_rank for key in m if key.startswith("stage_")}:

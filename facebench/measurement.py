@@ -58,9 +58,12 @@ def measure(
         expected_images=len(ctx.records) if not cfg.max_batches else None,
         join=join(trainer.model if trainer else None),
         loader_name=cfg.loader.name,
-        host_only=cfg.host_only,
+        # An emulated accelerator takes batches as a GPU run's host side hands them over.
+        host_only=cfg.host_only or job.accelerator is not None,
         stage_times=cfg.stage_times,
         in_flight=cfg.n_workers * cfg.loader.prefetch_factor,
+        accelerator=job.accelerator,
+        barrier=(lambda: barrier(job.world)) if job.world.distributed else None,
     )
     n_measured = cfg.repeat * cfg.epochs
     for step in range(n_measured):
@@ -74,6 +77,8 @@ def measure(
         epoch_metrics = {**result.metrics(), **cache_metrics}
         if job.world.distributed:
             epoch_metrics = _merge_ranks(job.world, epoch_metrics, result.ids)
+            if job.accelerator is not None and "au" in epoch_metrics:
+                epoch_metrics["au_pass"] = float(epoch_metrics["au"] >= job.accelerator.min_au)
         tracker.log_metrics(epoch_metrics, step=step)
         epochs.append(epoch_metrics)
         if job.world.is_main:
@@ -127,6 +132,10 @@ def _log_epoch(step: int, metrics: dict[str, float]) -> None:
         extra = f", GPU busy {100 * metrics['gpu_busy_frac']:.0f}% of the epoch"
     if "gpu_util_mean" in metrics:
         extra += f" (NVML utilization {metrics['gpu_util_mean']:.0f}%)"
+    if "au" in metrics:
+        lowest = f", lowest {metrics['au_min']:.0%}" if "au_min" in metrics else ""
+        verdict = "fed" if metrics.get("au_pass") else "not fed"
+        extra += f"; emulated accelerator busy {metrics['au']:.0%} (AU{lowest}): {verdict}"
     if "steady_images_per_s" in metrics:
         steady = f"steady {metrics['steady_images_per_s']:,.1f}"
     else:

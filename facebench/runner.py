@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from facebench import loaders, stages
+from facebench import loaders, per_host, stages
 from facebench.config import TrainConfig
 from facebench.data.job_data import JobData, list_data
 from facebench.errors import Interrupted, TrackingLost, interruption
@@ -42,8 +42,10 @@ def run_training(
     Everything the job records goes to results.json in `output_dir` however the job ends. If
     MLflow fails once the run has started, the job still finishes, then raises TrackingLost.
     """
+    if per_host.wanted(cfg):  # several emulated accelerators: this job is their ranks
+        return per_host.run_ranks(cfg, output_dir, sweep_id, multirun)
     job = Job.start(cfg)
-    if cfg.model != "none" and job.world.is_main:
+    if cfg.model != "none" and job.accelerator is None and job.world.is_main:
         log.info("precision: %s on %s", job.precision.describe(), job.device)
     # Only rank 0 records anything; the other ranks train and report their metrics to it.
     output_dir = output_dir if job.world.is_main else None

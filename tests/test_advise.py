@@ -197,3 +197,31 @@ def test_a_ceiling_whose_steps_disagree_is_called_noisy(make_cfg, monkeypatch):
     measured = _ceiling(make_cfg, monkeypatch, _Steps(0.0005, jitter=2.0), seconds=2.0)
     assert measured.noisy and measured.spread >= 0.5  # steps of 1x and 2x
     assert f"a noisy measurement: its {measured.steps} timed steps differed by" in measured.note()
+
+
+def test_a_loader_with_headroom_and_no_shards_beats_a_faster_one_with_shards():
+    """When every loader keeps up with room to spare, the one with nothing to build wins."""
+    plain = Measured("dataset", rates={1: 1300.0, 2: 2500.0})
+    sharded = Measured("raw", rates={1: 50_000.0}, prepare_s=12.0, shard_bytes=2_000_000_000)
+    verdict = _advice(plain, sharded).verdict()
+    assert verdict.startswith(
+        "Use loader=dataset n_workers=1: it keeps resnet50 on cuda:0 fed (1,300 images/s "
+        "against 1,000: 30% headroom)"
+    )
+    assert "faster, but with shards to build first: raw (50,000 images/s)" in verdict
+    # Without 20% to spare, the loader that keeps up with the fewest workers and most room.
+    tight = Measured("dataset", rates={1: 1100.0})
+    assert _advice(tight, sharded).verdict().startswith("Use loader=raw n_workers=1")
+
+
+def test_an_emulated_accelerator_is_the_ceiling_and_says_how_many_a_host_feeds():
+    slow = Measured("dataset", rates={1: 300.0, 2: 450.0})
+    fast = Measured("raw", rates={1: 40_000.0}, prepare_s=1.0, shard_bytes=10**9)
+    advice = _advice(slow, fast, ceiling=8960.0)
+    advice.per_host, advice.device = True, "an emulated h100"
+    rows = {row[0]: row for row in advice.rows()}
+    assert rows["raw"][-1] == "about 4" and rows["dataset"][-1] == "0 (AU about 5% with one)"
+    assert advice.verdict().startswith(
+        "Use loader=raw n_workers=1: it keeps resnet50 on an emulated h100 fed"
+    )
+    assert "accelerators per host" in advice.markdown()

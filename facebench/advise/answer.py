@@ -11,6 +11,9 @@ from facebench.shards import room
 from facebench.tables import markdown
 
 LOADER_MIN_S = 10.0  # what one loader needs at least: shards for a sample, a few short runs
+# A loader chosen for the headroom it leaves: at 20% above the device's pace it keeps up when the
+# machine is busier, the data bigger or colder than when advise measured it.
+HEADROOM = 1.2
 
 
 @dataclass
@@ -28,6 +31,8 @@ class Advice:
     counts: list[int] = field(default_factory=lambda: [1])
     ceiling_s: float = 0.0  # time spent measuring the ceiling
     ceiling_note: str = ""  # how the ceiling was measured, when not with the batch asked for
+    # An emulated accelerator: say how many of them one host's loaders feed (estimated).
+    per_host: bool = False
 
     def ordered(self) -> list[Measured]:
         """Loaders that keep the device fed first (fewest workers, then fastest), then the rest."""
@@ -59,15 +64,25 @@ class Advice:
                     f"{m.prepare_s * self.scale():,.1f} s" if m.shard_bytes else "-",
                     room.gb(m.shard_bytes * self.scale()) if m.shard_bytes else "-",
                     "" if fewest is not None else shortfall(m, self.ceiling, cores, self.measured),
+                    *([self.fed_per_host(m)] if self.per_host else []),
                 ]
             )
         return rows
 
+    def fed_per_host(self, measured: Measured) -> str:
+        """About how many accelerators its best host-side rate feeds at once, or its AU with
+        one (the rate it keeps up over the accelerator's)."""
+        best = measured.best()[1]
+        if not measured.rates:
+            return "-"
+        if best >= self.ceiling:
+            return f"about {int(best // self.ceiling)}"
+        return f"0 (AU about {best / self.ceiling:.0%} with one)"
+
     def verdict(self) -> str:
         if not any(m.rates for m in self.measured):
             return self.nothing_measured()
-        fed = [(m.fewest_feeding(self.ceiling), -m.best()[1], m.name) for m in self.measured]
-        fed = sorted(f for f in fed if f[0] is not None)
+        fed = [m for m in self.measured if m.fewest_feeding(self.ceiling) is not None]
         if not fed:
             best = max(self.measured, key=lambda m: m.best()[1])
             share = 100 * best.best()[1] / self.ceiling if self.ceiling else 0
@@ -76,17 +91,52 @@ class Advice:
                 f"images/s); the closest is {best.name}, at {share:.0f}% with "
                 f"{best.best()[0]} workers."
             )
-        workers, _, name = fed[0]
+        chosen, workers = self.choice(fed)
+        rate = chosen.rates[workers]
         epoch = self.n_images / self.ceiling
-        others = ", ".join(f"{n} ({w})" for w, _, n in fed[1:])
-        also = f" Also fed, fewest workers first: {others}." if others else ""
-        if len(fed) == len(self.measured) and all(w == min(self.counts) for w, _, _ in fed):
-            also += " Every loader keeps up with the fewest workers: the model sets the pace here."
-        return (
-            f"Use loader={name} n_workers={workers}: it keeps {self.model} on {self.device} "
-            f"fed ({self.ceiling:,.0f} images/s), one epoch of {self.n_images:,} images in "
-            f"about {epoch:,.0f} s.{also}"
+        text = (
+            f"Use loader={chosen.name} n_workers={workers}: it keeps {self.model} on "
+            f"{self.device} fed ({rate:,.0f} images/s against {self.ceiling:,.0f}: "
+            f"{rate / self.ceiling - 1:.0%} headroom), one epoch of {self.n_images:,} images in "
+            f"about {epoch:,.0f} s."
         )
+        return text + self._what_else(chosen, fed)
+
+    def choice(self, fed: list[Measured]) -> tuple[Measured, int]:
+        """Among the loaders that keep the device fed with HEADROOM to spare, the one that needs
+        no shard build (then the fewest workers, then the fastest): a loader as fast as needed
+        with nothing to build first and no disk to spend beats a faster one. Without any so
+        roomy, the one that keeps it fed with the fewest workers, then the fastest."""
+        roomy = [(m, m.fewest_feeding(HEADROOM * self.ceiling)) for m in fed]
+        roomy = [(m, w) for m, w in roomy if w is not None]
+        if roomy:
+            return min(roomy, key=lambda mw: (mw[0].shard_bytes > 0, mw[1], -mw[0].best()[1]))
+        return min(
+            ((m, m.fewest_feeding(self.ceiling) or 0) for m in fed),
+            key=lambda mw: (mw[1], -mw[0].best()[1]),
+        )
+
+    def _what_else(self, chosen: Measured, fed: list[Measured]) -> str:
+        """What the faster loaders would add, and the others that keep the device fed."""
+        text = ""
+        faster = [m for m in fed if m.best()[1] > chosen.best()[1] and m.shard_bytes]
+        if not chosen.shard_bytes and faster:
+            names = ", ".join(f"{m.name} ({m.best()[1]:,.0f} images/s)" for m in faster)
+            text += f" It needs no shard build; faster, but with shards to build first: {names}."
+        others = sorted(
+            (m.fewest_feeding(self.ceiling) or 0, -m.best()[1], m.name)
+            for m in fed
+            if m is not chosen
+        )
+        if others:
+            listed = ", ".join(f"{n} ({w})" for w, _, n in others)
+            text += f" Also fed, fewest workers first: {listed}."
+        fewest = min(self.counts)
+        if len(fed) == len(self.measured) and all(
+            m.fewest_feeding(self.ceiling) == fewest for m in fed
+        ):
+            text += " Every loader keeps up with the fewest workers: the model sets the pace here."
+        return text
 
     def nothing_measured(self) -> str:
         """What to change when the budget ran out before any loader was measured."""
@@ -113,6 +163,7 @@ class Advice:
             "shard build",
             "shard disk",
             "why not",
+            *(["accelerators per host"] if self.per_host else []),
         ]
         sampled = (
             f" Measured on a sample of {self.n_sample:,} images; build time and disk are "

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, replace
 
 from facebench import loaders
+from facebench.accelerator import Accelerator
 from facebench.advise.measure import with_loader
 from facebench.config import AdviseConfig
 from facebench.data.job_data import JobData
@@ -48,6 +49,12 @@ class Ceiling:
     seconds: float  # time spent measuring it
     steps: int = 0  # timed steps the rate is the median of
     spread: float = 0.0  # (slowest - fastest) / median of those steps
+    source: str = ""  # an emulated accelerator's: where its rate comes from
+
+    @classmethod
+    def emulated(cls, accelerator: Accelerator, batch_size: int) -> Ceiling:
+        """An emulated accelerator's rate, taken as the ceiling: nothing to measure."""
+        return cls(accelerator.images_per_s, batch_size, batch_size, 0.0, source=accelerator.source)
 
     @property
     def smaller_batch(self) -> bool:
@@ -60,7 +67,7 @@ class Ceiling:
     def note(self) -> str:
         """How it was measured, where that matters: a smaller batch than asked, steps that
         disagreed."""
-        notes = []
+        notes = [f"emulated: {self.source}"] if self.source else []
         if self.smaller_batch:
             notes.append(
                 f"measured with batch_size={self.batch_size}, not {self.asked_batch_size}: a "
