@@ -82,10 +82,12 @@ class EmulatedSteps:
 
     def step(self, images: int) -> None:
         """The accelerator trains on a batch of `images`: wait its time, then the other ranks."""
-        start = self.clock()
-        self.sleep(self.accelerator.step_s(images))
-        # The time actually waited: a sleep that ends late kept the accelerator busy as long.
-        self._computed_s.append(self.clock() - start)
+        step_s = self.accelerator.step_s(images)
+        self.sleep(step_s)
+        # The step's own time, as DLIO counts it: a sleep that ends late (this process woke
+        # late, its host busy) is time a real accelerator would have sat idle, waiting for the
+        # host to hand it the next batch.
+        self._computed_s.append(step_s)
         if self.barrier is not None:
             self.barrier()
         if self._first_end is None:

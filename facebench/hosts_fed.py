@@ -24,11 +24,11 @@ class Tried:
 
 
 def _key(params: Mapping[str, Any]) -> tuple[str, str, str]:
-    return (
-        str(params.get("loader")),
-        str(params.get("n_workers")),
-        str(params["accelerator.name"]),
-    )
+    """Runs of one loader, n_workers and accelerator at one rate (a sweep over custom rates,
+    batch sizes or crops gives each its own line)."""
+    name, rate = str(params["accelerator.name"]), float(params.get("accelerator_images_per_s") or 0)
+    accelerator = f"{name} ({rate:,.0f} images/s)" if rate else name
+    return str(params.get("loader")), str(params.get("n_workers")), accelerator
 
 
 def grouped(runs: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str], list[Tried]]:

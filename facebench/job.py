@@ -72,7 +72,10 @@ class Job:
     def start(cls, cfg: TrainConfig) -> Job:
         accelerator = Accelerator.of(cfg.accelerator, cfg.transform.crop, cfg.batch_size)
         world = world_from_env()
-        device = resolve_device(cfg.device, world.local_rank, world.distributed)
+        # An emulated accelerator trains nothing on a device: with device=auto its ranks take no
+        # GPU (a host with fewer GPUs than accelerators_per_host emulates as many).
+        asked = "cpu" if accelerator is not None and cfg.device == "auto" else cfg.device
+        device = resolve_device(asked, world.local_rank, world.distributed)
         start_distributed(world, device)
         return cls(world, device, resolve_precision(cfg.amp, device), accelerator)
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from facebench import stages
 from facebench.config import TrainConfig
-from facebench.distributed import World, barrier, gather, join, whole_job
+from facebench.distributed import StepBarrier, World, barrier, gather, join, whole_job
 from facebench.epoch import EpochSettings, run_epoch
 from facebench.exactly_once import check_exactly_once
 from facebench.job import Job
@@ -32,6 +32,7 @@ HEADLINE = (
     "steady_images_per_s",
     "time_to_first_batch_s",
     "data_wait_frac",
+    "au",
 )
 _RESIDENCY_SAMPLE = 2000  # files checked with mincore to report the cache state
 
@@ -63,8 +64,9 @@ def measure(
         stage_times=cfg.stage_times,
         in_flight=cfg.n_workers * cfg.loader.prefetch_factor,
         accelerator=job.accelerator,
-        barrier=(lambda: barrier(job.world)) if job.world.distributed else None,
     )
+    emulated_ranks = job.accelerator is not None and job.world.distributed
+    steps_met = StepBarrier(job.device) if emulated_ranks else None
     n_measured = cfg.repeat * cfg.epochs
     for step in range(n_measured):
         epoch_ctx = replace(ctx, epoch=step)  # reshuffles, identically on every rank
@@ -73,6 +75,8 @@ def measure(
         barrier(job.world)
         cache_metrics = _cache_state(files)
         settings = replace(settings, description=f"epoch {step + 1}/{n_measured}")
+        if steps_met is not None:  # a Join of its own each epoch, as DDP's model.join() gives
+            settings = replace(settings, barrier=steps_met, join=steps_met.join())
         result = run_epoch(lambda c=epoch_ctx: loader.build(c), trainer, settings)
         epoch_metrics = {**result.metrics(), **cache_metrics}
         if job.world.distributed:

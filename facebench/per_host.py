@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 
+from facebench.accelerator import Accelerator
 from facebench.config import TrainConfig
 from facebench.distributed import world_from_env
 from facebench.entry import MULTIRUN_ENV, SWEEP_ID_ENV
@@ -29,6 +31,10 @@ from facebench.results import RESULTS, TRACKING_LOST, JobResults
 from facebench.tracking import UPLOAD_COMMAND
 
 log = logging.getLogger(__name__)
+
+# How long torchrun's launcher has to stop its ranks when this job is stopped (it gives each
+# rank 30 s by default; an emulated rank stops within a second or two).
+STOP_GRACE_S = 20.0
 
 
 def wanted(cfg: TrainConfig) -> bool:
@@ -51,27 +57,38 @@ def run_ranks(
     """This job, as cfg.accelerators_per_host ranks on this host; the metrics rank 0 recorded."""
     if output_dir is None:
         raise ConfigError("accelerators_per_host needs the job's output folder (train.py's)")
+    # The config's own refusals (accelerator=custom without a rate) here, once, not in N ranks.
+    Accelerator.of(cfg.accelerator, cfg.transform.crop, cfg.batch_size)
+    ranks = cfg.accelerators_per_host
     command = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
-        f"--nproc_per_node={cfg.accelerators_per_host}",
+        f"--nproc_per_node={ranks}",
         sys.argv[0],
         *HydraConfig.get().overrides.task,
-        f"hydra.run.dir={output_dir}",
+        # Quoted: a sweep's folder names hold '=' and ',' (hydra.job.override_dirname).
+        f"hydra.run.dir='{output_dir}'",
     ]
-    env = {**os.environ, SWEEP_ID_ENV: sweep_id or "", MULTIRUN_ENV: "1" if multirun else ""}
-    log.info(
-        "starting %d ranks on this host, one emulated accelerator each",
-        cfg.accelerators_per_host,
-    )
-    finished = subprocess.run(command, env=env, check=False)
+    env = {
+        **os.environ,
+        SWEEP_ID_ENV: sweep_id or "",
+        MULTIRUN_ENV: "1" if multirun else "",
+        # torchrun gives each of several ranks one thread unless told; a job of one rank runs
+        # with every core's. The cores shared out, so a sweep over the count compares like with
+        # like (tensor work in the loop's process, thread-based loaders).
+        "OMP_NUM_THREADS": os.environ.get(
+            "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks))
+        ),
+    }
+    log.info("starting %d ranks on this host, one emulated accelerator each", ranks)
+    returncode = _launch(command, env)
     path = output_dir / RESULTS
     if not path.is_file():
         raise FacebenchError(
             f"the {cfg.accelerators_per_host} ranks of this job ended (exit status "
-            f"{finished.returncode}) before rank 0 wrote {path}; their lines above say why"
+            f"{returncode}) before rank 0 wrote {path}; their lines above say why"
         )
     results = JobResults.read(path)
     if results.tracking == TRACKING_LOST:
@@ -79,9 +96,26 @@ def run_ranks(
             f"run {results.run_name} finished but is not in MLflow ({results.tracking_error}); "
             f"once MLflow answers: {UPLOAD_COMMAND} {output_dir}"
         )
-    if results.status != "FINISHED" or finished.returncode != 0:
+    if results.status != "FINISHED" or returncode != 0:
         raise FacebenchError(
             f"run {results.run_name} {results.status.lower()} in its ranks (exit status "
-            f"{finished.returncode}); their lines above say why"
+            f"{returncode}); their lines above say why"
         )
     return results.metrics
+
+
+def _launch(command: list[str], env: dict[str, str]) -> int:
+    """torchrun's launcher, waited for; if this process is stopped (Ctrl-C, SIGTERM as an
+    exception), the launcher is asked to stop first, so that it stops its ranks (started in
+    sessions of their own, they would outlive a killed launcher), then killed if it will not."""
+    launcher = subprocess.Popen(command, env=env)
+    try:
+        return launcher.wait()
+    except BaseException:
+        launcher.send_signal(signal.SIGTERM)
+        try:
+            launcher.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            launcher.kill()
+            launcher.wait()
+        raise

@@ -38,12 +38,16 @@ def profile_text(name: str, results: JobResults) -> str:
     rate = metrics.get("steady_images_per_s") or metrics.get("images_per_s")
     if not rate:
         raise FacebenchError(f"run {results.run_name} measured no rate; run it again")
+    # A ceiling run under torchrun sums its ranks' rates: a profile is one accelerator's.
+    gpus = int(metrics.get("world_size", 1))
+    rate /= gpus
     crop = int(params.get("transform.crop", 100))
     gpu = tags.get("gpu", "none")
     device = gpu if gpu != "none" else tags.get("device_name", "an unnamed device")
     source = (
         f"measured: {results.run_name} on {device} ({params.get('model')}, "
-        f"{params.get('amp_resolved')}, batch {params.get('batch_size')}, {crop}x{crop})"
+        f"{params.get('amp_resolved')}, batch {params.get('batch_size')}, {crop}x{crop}"
+        f"{f', one of {gpus} ranks' if gpus > 1 else ''})"
     )
     return (
         f"# {name}: an accelerator profile measured by facebench (python -m facebench.profile).\n"

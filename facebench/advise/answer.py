@@ -4,16 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from facebench.advise.measure import Measured, shortfall
+from facebench.advise.measure import HEADROOM, Measured, shortfall
 from facebench.printable import printable
 from facebench.resources import usable_cores
 from facebench.shards import room
 from facebench.tables import markdown
 
 LOADER_MIN_S = 10.0  # what one loader needs at least: shards for a sample, a few short runs
-# A loader chosen for the headroom it leaves: at 20% above the device's pace it keeps up when the
-# machine is busier, the data bigger or colder than when advise measured it.
-HEADROOM = 1.2
 
 
 @dataclass

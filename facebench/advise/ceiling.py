@@ -53,8 +53,14 @@ class Ceiling:
 
     @classmethod
     def emulated(cls, accelerator: Accelerator, batch_size: int) -> Ceiling:
-        """An emulated accelerator's rate, taken as the ceiling: nothing to measure."""
-        return cls(accelerator.images_per_s, batch_size, batch_size, 0.0, source=accelerator.source)
+        """The pace an emulated accelerator needs to be fed at its min_au (what train.py's au_pass
+        asks): its rate x min_au. Nothing to measure."""
+        pace = accelerator.images_per_s * accelerator.min_au
+        source = (
+            f"{accelerator.name}, {accelerator.images_per_s:,.0f} images/s ({accelerator.source}); "
+            f"fed at AU >= {accelerator.min_au:.0%} means {pace:,.0f} images/s"
+        )
+        return cls(pace, batch_size, batch_size, 0.0, source=source)
 
     @property
     def smaller_batch(self) -> bool:
