@@ -127,7 +127,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     body = markdown(header, rows) + (
         "\nThe next count's stage is the one that cost its workers most CPU time per image "
-        "(`dominant_stage`).\n"
+        "(`dominant_stage`; `-` where a loader's stages are not broken down). AU is rounded: "
+        "a next count shown at 90% fell short by less than half a percent.\n"
     )
     bench.publish("bench:accelerators", bench.section(title, details, body))
 

@@ -55,6 +55,10 @@ class Accelerator:
         scaled_from = config.measured_at if config.measured_at not in (0, crop) else 0
         return cls(config.name, rate * scale, config.min_au, config.source, scaled_from)
 
+    def describe(self) -> str:
+        """'h100 (8,960 images/s)'."""
+        return f"{self.name} ({self.images_per_s:,.0f} images/s)"
+
     def step_s(self, images: int) -> float:
         return images / self.images_per_s
 
@@ -105,4 +109,5 @@ class EmulatedSteps:
             "au": au,
             "au_pass": float(au >= self.accelerator.min_au),
             "accelerator_compute_s": sum(self._computed_s),
+            "accelerator_steps": float(len(self._computed_s)),
         }

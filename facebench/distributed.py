@@ -181,8 +181,9 @@ def whole_job(per_rank: list[dict[str, float]]) -> dict[str, float]:
         merged["au"] = statistics.mean(m["au"] for m in per_rank)
         merged["au_min"] = min(m["au"] for m in per_rank)
         merged["accelerator_compute_s"] = sum(m["accelerator_compute_s"] for m in per_rank)
+        merged["accelerator_steps"] = min(m["accelerator_steps"] for m in per_rank)
     else:  # a rank with too few steps for one: rank 0's alone would pose as the job's
-        for name in ("au", "au_pass", "accelerator_compute_s"):
+        for name in ("au", "au_pass", "accelerator_compute_s", "accelerator_steps"):
             merged.pop(name, None)
     # Stage times are per image and shares: every rank handles as many images, so the job's
     # are the ranks' means.

@@ -57,19 +57,19 @@ def lines(runs: Iterable[Mapping[str, Any]]) -> list[str]:
         min_au = tries[0].min_au
         fed = [t for t in tries if t.passed]
         most = max(fed, key=lambda t: t.accelerators) if fed else None
-        text = f"{loader}, {workers} workers: "
+        text = f"{loader}, {workers} worker{'' if workers == '1' else 's'}: "
         if most is None:
             text += f"feeds no {accelerator} at AU >= {min_au:.0%}"
         else:
             text += (
                 f"feeds {most.accelerators} {accelerator} per host at AU >= {min_au:.0%} "
-                f"(AU {most.au:.0%})"
+                f"(AU {most.au:.1%})"
             )
         above = [t for t in tries if t.accelerators > (most.accelerators if most else 0)]
         if above:
             nxt = min(above, key=lambda t: t.accelerators)
             held = f", held back by {nxt.dominant_stage}" if nxt.dominant_stage else ""
-            text += f"; with {nxt.accelerators}: AU {nxt.au:.0%}{held}"
+            text += f"; with {nxt.accelerators}: AU {nxt.au:.1%}{held}"
         elif most is not None:
             text += f"; {most.accelerators} is the most tried"
         said.append(text)

@@ -34,6 +34,8 @@ HEADLINE = (
     "data_wait_frac",
     "au",
 )
+# Steps per emulated accelerator below which its AU is a few batches' luck, and said to be.
+FEW_STEPS = 10
 _RESIDENCY_SAMPLE = 2000  # files checked with mincore to report the cache state
 
 
@@ -140,6 +142,14 @@ def _log_epoch(step: int, metrics: dict[str, float]) -> None:
         lowest = f", lowest {metrics['au_min']:.0%}" if "au_min" in metrics else ""
         verdict = "fed" if metrics.get("au_pass") else "not fed"
         extra += f"; emulated accelerator busy {metrics['au']:.0%} (AU{lowest}): {verdict}"
+        steps = int(metrics.get("accelerator_steps", FEW_STEPS))
+        if steps < FEW_STEPS:
+            log.warning(
+                "AU of %d step(s) (the first left out): one late batch moves it; give each "
+                "accelerator %d or more with a smaller batch_size or more images",
+                steps,
+                FEW_STEPS,
+            )
     if "steady_images_per_s" in metrics:
         steady = f"steady {metrics['steady_images_per_s']:,.1f}"
     else:

@@ -166,16 +166,18 @@ def _run(cfg: TrainConfig, job: Job, tracker: Tracker, results: JobResults, read
     if results.classes:
         tracker.log_dict(results.classes, "classes.json")
     trainer = job.trainer(cfg, labels)
+    if job.accelerator is not None:
+        consumer = f"an emulated {job.accelerator.describe()}, loader on {job.device}"
+    else:
+        host_only = " (host only)" if cfg.host_only else ""
+        consumer = f"model={cfg.model}{host_only}, {job.precision.name} on {job.device}"
     log.info(
-        "data %s (%d samples, %d classes), loader=%s, model=%s%s, %s on %s, cache=%s",
+        "data %s (%d samples, %d classes), loader=%s, %s, cache=%s",
         ctx.data_root,
         len(ctx.records),
         labels.n_classes,
         cfg.loader.name,
-        cfg.model,
-        " (host only)" if cfg.host_only else "",
-        job.precision.name,
-        job.device,
+        consumer,
         cfg.cache,
     )
     per_epoch = measure(cfg, job, loader, ctx, trainer, tracker, results.epochs)

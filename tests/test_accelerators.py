@@ -58,11 +58,11 @@ def test_a_host_feeds_the_most_accelerators_that_stayed_above_min_au():
         {"params": {"loader": "raw", "accelerator.name": "none"}, "metrics": {}},  # not emulated
     ]
     assert hosts_fed.lines(runs) == [
-        "dataset, 2 workers: feeds 2 custom (400 images/s) per host at AU >= 90% (AU 93%); "
-        "with 4: AU 62%, held back by transform",
-        "raw, 2 workers: feeds 2 custom (400 images/s) per host at AU >= 90% (AU 98%); "
+        "dataset, 2 workers: feeds 2 custom (400 images/s) per host at AU >= 90% (AU 93.0%); "
+        "with 4: AU 62.0%, held back by transform",
+        "raw, 2 workers: feeds 2 custom (400 images/s) per host at AU >= 90% (AU 98.0%); "
         "2 is the most tried",
-        "slow, 2 workers: feeds no custom (400 images/s) at AU >= 90%; with 1: AU 40%, held "
+        "slow, 2 workers: feeds no custom (400 images/s) at AU >= 90%; with 1: AU 40.0%, held "
         "back by read",
     ]
 
@@ -110,7 +110,6 @@ def test_the_compute_ceiling_keeps_any_accelerator_busy(make_cfg, rate):
             "batch_size=600",
         )
     )
-    print("CEILING AU", rate, metrics["au"])
     assert metrics["au"] >= 0.99
     assert metrics["au_pass"] == 1.0
 
@@ -154,7 +153,6 @@ def test_au_follows_how_fast_the_loader_feeds(make_cfg, loader, times):
         au / min(1.0, (before + after) / 2 / rate)
         for (au, rate), before, after in zip(aus, hosts[:-1], hosts[1:], strict=True)
     ]
-    print("RATIOS", loader, times, ratios)
     assert sorted(ratios)[1] == pytest.approx(1.0, rel=0.10), (ratios, hosts)
 
 

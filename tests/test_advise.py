@@ -214,14 +214,24 @@ def test_a_loader_with_headroom_and_no_shards_beats_a_faster_one_with_shards():
     assert _advice(tight, sharded).verdict().startswith("Use loader=raw n_workers=1")
 
 
-def test_an_emulated_accelerator_is_the_ceiling_and_says_how_many_a_host_feeds():
+def test_an_emulated_accelerator_is_the_ceiling_and_says_how_many_a_host_feeds(monkeypatch):
     slow = Measured("dataset", rates={1: 300.0, 2: 450.0})
     fast = Measured("raw", rates={1: 40_000.0}, prepare_s=1.0, shard_bytes=10**9)
-    advice = _advice(slow, fast, ceiling=8960.0)
-    advice.per_host, advice.device = True, "an emulated h100"
+    # The pace: an h100's 8,960 images/s x min_au 0.90.
+    advice = _advice(slow, fast, ceiling=8064.0)
+    advice.accelerator_rate, advice.accelerator_name = 8960.0, "h100"
+    advice.device = "an emulated h100"
+    monkeypatch.setattr("facebench.advise.answer.usable_cores", lambda: 16)
     rows = {row[0]: row for row in advice.rows()}
-    assert rows["raw"][-1] == "about 4" and rows["dataset"][-1] == "0 (AU about 5% with one)"
-    assert advice.verdict().startswith(
-        "Use loader=raw n_workers=1: it keeps resnet50 on an emulated h100 fed"
+    # 40,000 / 8,064: four by its rate; 16 cores give eight a loop and one worker each.
+    assert rows["raw"][-1] == "about 4"
+    assert rows["dataset"][-1] == "0 (AU about 5% with one)"  # 450 of 8,960
+    monkeypatch.setattr("facebench.advise.answer.usable_cores", lambda: 2)
+    assert {row[0]: row for row in advice.rows()}["raw"][-1] == "about 1"  # the cores' limit
+    verdict = advice.verdict()
+    assert verdict.startswith(
+        "Use loader=raw n_workers=1: it keeps an emulated h100 fed (40,000 images/s against "
+        "8,064: 5x its pace)"
     )
+    assert "accelerator=h100 accelerators_per_host=1,2,4 loader=raw n_workers=1" in verdict
     assert "accelerators per host" in advice.markdown()

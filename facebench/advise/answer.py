@@ -28,8 +28,19 @@ class Advice:
     counts: list[int] = field(default_factory=lambda: [1])
     ceiling_s: float = 0.0  # time spent measuring the ceiling
     ceiling_note: str = ""  # how the ceiling was measured, when not with the batch asked for
-    # An emulated accelerator: say how many of them one host's loaders feed (estimated).
-    per_host: bool = False
+    # An emulated accelerator's rate (its pace to keep is `ceiling`, this x its min_au): say
+    # how many of them one host's loaders feed (estimated). 0: a real device.
+    accelerator_rate: float = 0.0
+    accelerator_name: str = ""
+
+    @property
+    def per_host(self) -> bool:
+        return self.accelerator_rate > 0
+
+    @property
+    def target(self) -> str:
+        """What is to be kept fed: 'resnet50 on cuda:0', or 'an emulated h100'."""
+        return f"{self.model} on {self.device}" if not self.per_host else self.device
 
     def ordered(self) -> list[Measured]:
         """Loaders that keep the device fed first (fewest workers, then fastest), then the rest."""
@@ -61,20 +72,23 @@ class Advice:
                     f"{m.prepare_s * self.scale():,.1f} s" if m.shard_bytes else "-",
                     room.gb(m.shard_bytes * self.scale()) if m.shard_bytes else "-",
                     "" if fewest is not None else shortfall(m, self.ceiling, cores, self.measured),
-                    *([self.fed_per_host(m)] if self.per_host else []),
+                    *([self.fed_per_host(m, cores)] if self.per_host else []),
                 ]
             )
         return rows
 
-    def fed_per_host(self, measured: Measured) -> str:
-        """About how many accelerators its best host-side rate feeds at once, or its AU with
-        one (the rate it keeps up over the accelerator's)."""
-        best = measured.best()[1]
+    def fed_per_host(self, measured: Measured, cores: int) -> str:
+        """An estimate of how many accelerators it feeds on this host at once: its best rate
+        over the pace, but no more than the host's cores give each a loop and its workers
+        (measured here: a loader whose one rank fed six h100s by its rate fed one of two
+        ranks, its cores shared by both); or, feeding none, its AU with one."""
+        workers, best = measured.best()
         if not measured.rates:
             return "-"
         if best >= self.ceiling:
-            return f"about {int(best // self.ceiling)}"
-        return f"0 (AU about {best / self.ceiling:.0%} with one)"
+            by_cores = max(1, cores // (workers + 1))
+            return f"about {min(int(best // self.ceiling), by_cores)}"
+        return f"0 (AU about {best / self.accelerator_rate:.0%} with one)"
 
     def verdict(self) -> str:
         if not any(m.rates for m in self.measured):
@@ -84,19 +98,27 @@ class Advice:
             best = max(self.measured, key=lambda m: m.best()[1])
             share = 100 * best.best()[1] / self.ceiling if self.ceiling else 0
             return (
-                f"No loader keeps {self.model} on {self.device} fed ({self.ceiling:,.0f} "
+                f"No loader keeps {self.target} fed ({self.ceiling:,.0f} "
                 f"images/s); the closest is {best.name}, at {share:.0f}% with "
                 f"{best.best()[0]} workers."
             )
         chosen, workers = self.choice(fed)
         rate = chosen.rates[workers]
         epoch = self.n_images / self.ceiling
+        ratio = rate / self.ceiling
+        headroom = f"{ratio:.0f}x its pace" if ratio >= 2 else f"{ratio - 1:.0%} headroom"
         text = (
-            f"Use loader={chosen.name} n_workers={workers}: it keeps {self.model} on "
-            f"{self.device} fed ({rate:,.0f} images/s against {self.ceiling:,.0f}: "
-            f"{rate / self.ceiling - 1:.0%} headroom), one epoch of {self.n_images:,} images in "
-            f"about {epoch:,.0f} s."
+            f"Use loader={chosen.name} n_workers={workers}: it keeps {self.target} fed "
+            f"({rate:,.0f} images/s against {self.ceiling:,.0f}: {headroom}), one epoch of "
+            f"{self.n_images:,} images in about {epoch:,.0f} s."
         )
+        if self.per_host:
+            text += (
+                " Accelerators per host are estimated from one's rate and this host's cores; "
+                f"python train.py -m accelerator={self.accelerator_name} "
+                f"accelerators_per_host=1,2,4 loader={chosen.name} n_workers={workers} "
+                "measures them."
+            )
         return text + self._what_else(chosen, fed)
 
     def choice(self, fed: list[Measured]) -> tuple[Measured, int]:
@@ -169,7 +191,7 @@ class Advice:
             else ""
         )
         return printable(
-            f"## facebench advise: {self.model} on {self.device}\n\n{self.verdict()}\n\n"
+            f"## facebench advise: {self.target}\n\n{self.verdict()}\n\n"
             f"Compute ceiling: {self.ceiling:,.0f} images/s{self.ceiling_note}. "
             f"Data: {self.n_images:,} images."
             f"{sampled} Took {self.seconds:,.0f} s of a {self.budget_s:,.0f} s budget.\n\n"

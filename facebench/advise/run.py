@@ -59,9 +59,10 @@ def advise(cfg: AdviseConfig) -> Advice:
     else:
         ceiling = measure_ceiling(cfg, job, data, share)
     device = f"an emulated {job.accelerator.name}" if job.accelerator else str(job.device)
+    trains = f"{cfg.model} trains" if job.accelerator is None else "the pace to keep"
     log.info(
-        "compute ceiling: %s trains at %.0f images/s on %s%s",
-        cfg.model,
+        "compute ceiling: %s at %.0f images/s on %s%s",
+        trains,
         ceiling.images_per_s,
         device,
         ceiling.note(),
@@ -80,7 +81,8 @@ def advise(cfg: AdviseConfig) -> Advice:
         budget_s=cfg.budget_s,
         ceiling_s=ceiling.seconds,
         ceiling_note=ceiling.note(),
-        per_host=job.accelerator is not None,
+        accelerator_rate=job.accelerator.images_per_s if job.accelerator else 0.0,
+        accelerator_name=job.accelerator.name if job.accelerator else "",
     )
 
 
