@@ -216,8 +216,8 @@ hands the step a pre-made random array of `record_length` bytes: no crop, resize
 conversion to a tensor. facebench's `loader=dataset` does what training needs: decodes, converts
 grey to RGB, resizes to 100x100, normalizes and collates float tensors. Both samples/s count
 the whole epoch, the first step included (DLIO's throughput: steps x batch over the epoch's
-time, summed over ranks); both AUs leave the first step out. With the same reader threads, the
-loader with less to do per sample feeds a faster accelerator.
+time, summed over ranks); both AUs leave the first step out. Which tool feeds more depends on
+each reader's cost per sample, not on how the two count.
 
 DLIO was installed in a virtual environment of its own (its requirements pin tensorflow, an
 older torch and nvidia-dali-cuda110, which has no wheel without CUDA; its PyTorch PNG reader
