@@ -7,7 +7,9 @@ Steps: the gpu-marked tests; a synthetic set of --n-images (100,000 by default) 
 format built for it (one prepare.py sweep); then every loader with n_workers=--workers, three
 ways, in two Hydra sweeps (one process each, MLflow off): loader-only stopping at the hand-over
 (host_only=true) and loader-only with the copy and finishing on the GPU; then with ResNet-50
-under AMP, beside the compute ceiling (loader=ceiling, ResNet-50). Prints a table (images/s,
+under AMP, beside the compute ceiling (loader=ceiling, ResNet-50), which it also writes as an
+accelerator profile, conf/accelerator/measured-<gpu>.yaml (facebench/profile.py), that any machine
+can emulate. Prints a table (images/s,
 steady images/s, gpu_busy_frac, gpu_util_mean, data_wait_frac, first batch) and writes it into
 docs/benchmarks.md with the date, GPU, CPU cores and versions (--no-write to skip). Loaders
 whose library is not installed (dali, litdata) are skipped, and the table says so.
@@ -190,6 +192,21 @@ def check_table(loaders: list[str], jobs: dict[tuple[str, bool, str], dict[str, 
     return markdown(header, rows)
 
 
+def write_gpu_profile(ceiling: dict[str, Any] | None, folder: Path | None) -> str:
+    """The compute ceiling as an accelerator profile (in conf/accelerator/, or `folder` for a
+    dry run, whose numbers mean nothing); what was written, in a line."""
+    from facebench.profile import PROFILES, write_profile
+    from facebench.results import JobResults
+
+    if ceiling is None or ceiling.get("status") != "FINISHED":
+        return "no accelerator profile: the compute ceiling did not finish"
+    results = JobResults(**{k: ceiling[k] for k in ("run_name", "params", "tags", "metrics")})
+    gpu = str(results.tags.get("gpu", "none"))
+    name = "measured-" + "".join(c if c.isalnum() else "-" for c in gpu.lower()).strip("-")
+    path = write_profile(name, results, folder or PROFILES)
+    return f"accelerator profile written: {path} (use it with accelerator={name})"
+
+
 def main(argv: list[str] | None = None) -> int:
     bench = start(argv)
     args, dry = bench.args, bench.args.dry_run
@@ -217,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     skipped = [name for name in registry.names(real_only=True) if name not in loaders]
     lines += [f"not installed here, skipped: {', '.join(skipped)}"] if skipped else []
     jobs = run_jobs(loaders, common, dry, scratch)
+    lines += [write_gpu_profile(jobs.get(("ceiling", False, "resnet50")), scratch if dry else None)]
     title = "GPU check (dry run on a CPU: steps only, numbers mean nothing)" if dry else "GPU check"
     title += (
         f": {args.n_images:,} synthetic images, batch {args.batch_size}, n_workers {args.workers}"

@@ -129,6 +129,28 @@ class TransformConfig:
 
 
 @dataclass
+class AcceleratorConfig:
+    """An emulated accelerator (conf/accelerator/): its training rate stands in for the model.
+
+    With one chosen, the loop takes each batch as a GPU run's host side hands it over and then,
+    in place of the training step, waits the time the accelerator would train on it (MLPerf
+    Storage's method). The rate is `images_per_s` (or `step_batch` images per `step_s`) at
+    `measured_at` x `measured_at` pixels, scaled to this run's transform.crop by the pixel
+    count: rate x (measured_at / crop)^2. measured_at=0: the rate is for this run's crop.
+    """
+
+    name: str = "none"
+    images_per_s: float = 0.0
+    step_s: float = 0.0
+    step_batch: int = 0
+    measured_at: int = 0
+    # The least accelerator utilization that counts as fed (MLPerf Storage's 90% for ResNet-50).
+    min_au: float = 0.90
+    # Where the figure comes from, and how it was obtained (measured, published, scaled).
+    source: str = ""
+
+
+@dataclass
 class CommonConfig:
     """Keys that train.py and prepare.py share, so the same overrides mean the same thing."""
 
@@ -184,6 +206,12 @@ class TrainConfig(CommonConfig):
     lr: float = 0.1
     momentum: float = 0.9
     weight_decay: float = 1e-4
+    # An emulated accelerator in place of the model (accelerator=a100 | h100 | custom); none:
+    # the real device.
+    accelerator: AcceleratorConfig = dataclasses.field(default_factory=AcceleratorConfig)
+    # Emulated accelerators on this host, one process each (started with torchrun's launcher),
+    # each with its own loader and n_workers; the epoch is split between them.
+    accelerators_per_host: int = 1
 
 
 @dataclass

@@ -92,6 +92,7 @@ def _amount_problems(cfg: DictConfig) -> list[str]:
 
 
 _AT_LEAST_ONE = (
+    "accelerators_per_host",
     "batch_size",
     "epochs",
     "repeat",
@@ -119,6 +120,14 @@ def _range_problems(cfg: DictConfig) -> list[str]:
     device = OmegaConf.select(cfg, "device")
     if device is not None and not _DEVICE.match(device):
         problems.append(f"device={device}: use auto, cpu, cuda or cuda:N")
+    accelerator_keys = ("images_per_s", "step_s", "step_batch", "measured_at")
+    for key in (f"accelerator.{name}" for name in accelerator_keys):
+        value = OmegaConf.select(cfg, key)
+        if value is not None and value < 0:
+            problems.append(f"{key}={value:g}: must be 0 (not given) or more")
+    min_au = OmegaConf.select(cfg, "accelerator.min_au")
+    if min_au is not None and not 0 < min_au <= 1:
+        problems.append(f"accelerator.min_au={min_au:g}: a share from 0 to 1 (0.90 is 90%)")
     sample_hz = OmegaConf.select(cfg, "sample_hz")
     if sample_hz is not None and not 0 <= sample_hz <= 100:
         problems.append(f"sample_hz={sample_hz}: use 0 (off) to 100")
@@ -128,10 +137,18 @@ def _range_problems(cfg: DictConfig) -> list[str]:
 def _mode_problems(cfg: DictConfig) -> list[str]:
     """Choices that contradict each other."""
     problems = []
-    if OmegaConf.select(cfg, "loader.name") == "ceiling" and cfg.model == "none":
+    emulated = OmegaConf.select(cfg, "accelerator.name") not in (None, "none")
+    if OmegaConf.select(cfg, "loader.name") == "ceiling" and cfg.model == "none" and not emulated:
         problems.append(
             "loader=ceiling with model=none measures nothing: it hands the same batch, already "
             "on the device, to no model. It is the compute ceiling: use it with a model"
+        )
+    accelerators = OmegaConf.select(cfg, "accelerators_per_host") or 1
+    if accelerators > 1 and OmegaConf.select(cfg, "accelerator.name") in (None, "none"):
+        problems.append(
+            f"accelerators_per_host={accelerators} emulates that many accelerators; it "
+            "needs one to emulate (accelerator=a100, h100 or custom). For real GPUs, start "
+            "train.py with torchrun (docs/scaling.md)"
         )
     if OmegaConf.select(cfg, "loader.method") == "none":
         problems.append(

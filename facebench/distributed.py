@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,46 @@ def barrier(world: World) -> None:
         dist.barrier()
 
 
+class StepBarrier(Joinable):
+    """Where emulated accelerators meet after each step, as data-parallel training's gradient
+    all-reduce makes real ones meet. A Joinable, so that under torch's Join a rank whose loader
+    ran out of batches first (loaders whose workers read whole shards cannot promise every rank
+    the same count) keeps answering the others' steps rather than leaving them waiting."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        # The process group's backend decides where its tensors live: nccl's on the GPU.
+        self._device = device if device.type == "cuda" else torch.device("cpu")
+
+    def __call__(self) -> None:
+        Join.notify_join_context(self)
+        self._meet()
+
+    def join(self) -> Join:
+        """The context in which a rank that runs out of batches answers the others' steps."""
+        return Join([self])
+
+    def _meet(self) -> None:
+        dist.all_reduce(torch.zeros(1, device=self._device))
+
+    def join_hook(self, **kwargs: Any) -> JoinHook:
+        barrier = self
+
+        class _Answer(JoinHook):
+            def main_hook(self) -> None:
+                barrier._meet()
+
+        return _Answer()
+
+    @property
+    def join_device(self) -> torch.device:
+        return self._device
+
+    @property
+    def join_process_group(self) -> Any:
+        return dist.group.WORLD
+
+
 def gather(world: World, value: Any) -> list[Any]:
     """Every rank's value, on every rank (objects, so small things only)."""
     if not world.distributed:
@@ -115,7 +156,7 @@ def whole_job(per_rank: list[dict[str, float]]) -> dict[str, float]:
     if len(per_rank) == 1:
         return dict(per_rank[0])
     merged = dict(per_rank[0])  # rank 0's values for what is not merged below (order metrics)
-    for name in ("samples_seen", "batches", "read_mb", "peak_rss_mb"):
+    for name in ("samples_seen", "batches", "warmup_batches", "read_mb", "peak_rss_mb"):
         values = [m[name] for m in per_rank if name in m]
         if values:
             merged[name] = float(sum(values))
@@ -134,6 +175,16 @@ def whole_job(per_rank: list[dict[str, float]]) -> dict[str, float]:
     merged["data_wait_frac"] = statistics.mean(m["data_wait_frac"] for m in per_rank)
     merged["data_wait_frac_max"] = max(m["data_wait_frac"] for m in per_rank)
     merged["cpu_util_mean"] = statistics.mean(m.get("cpu_util_mean", 0.0) for m in per_rank)
+    # Emulated accelerators, one a rank: their utilization's mean (DLIO's figure) and the
+    # lowest; the time they computed, summed. (au_pass is the caller's: it knows min_au.)
+    if all("au" in m for m in per_rank):
+        merged["au"] = statistics.mean(m["au"] for m in per_rank)
+        merged["au_min"] = min(m["au"] for m in per_rank)
+        merged["accelerator_compute_s"] = sum(m["accelerator_compute_s"] for m in per_rank)
+        merged["accelerator_steps"] = min(m["accelerator_steps"] for m in per_rank)
+    else:  # a rank with too few steps for one: rank 0's alone would pose as the job's
+        for name in ("au", "au_pass", "accelerator_compute_s", "accelerator_steps"):
+            merged.pop(name, None)
     # Stage times are per image and shares: every rank handles as many images, so the job's
     # are the ranks' means.
     for name in {key for m in per_rank for key in m if key.startswith("stage_")}:

@@ -109,8 +109,15 @@ def run_dir() -> str:
     return datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
 
 
+# Set for the ranks a job starts on one host (facebench/per_host.py): they are that job.
+SWEEP_ID_ENV = "FACEBENCH_SWEEP_ID"
+MULTIRUN_ENV = "FACEBENCH_MULTIRUN"
+
+
 def sweep_id() -> str:
     """An id shared by every job of one multirun (and unique to a single run)."""
+    if os.environ.get(SWEEP_ID_ENV):
+        return os.environ[SWEEP_ID_ENV]
     hydra = HydraConfig.get()
     folder = hydra.sweep.dir if hydra.mode == RunMode.MULTIRUN else hydra.runtime.output_dir
     return hashlib.sha1(os.fsencode(str(Path(folder).resolve()))).hexdigest()[:10]
@@ -139,7 +146,7 @@ def run_job(task: Callable[..., T], cfg: DictConfig) -> T | None:
     printable.install()  # Hydra's handlers: a file name with odd bytes is logged, not a failure
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     output_dir = Path(HydraConfig.get().runtime.output_dir)
-    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    multirun = HydraConfig.get().mode == RunMode.MULTIRUN or os.environ.get(MULTIRUN_ENV) == "1"
     try:
         return task(typed(cfg), output_dir=output_dir, sweep_id=sweep_id(), multirun=multirun)
     except BaseException as error:

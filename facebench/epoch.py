@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from facebench import stages
+from facebench.accelerator import Accelerator, EmulatedSteps
 from facebench.data.transforms import ARTICLE, Geometry
 from facebench.finish import Finisher, Ready, finished_ahead_on_cpu
 from facebench.loaders.failures import WorkerDeaths, explain, quiet_sigchld, restore_sigchld
@@ -41,6 +42,7 @@ class EpochResult:
     ids: np.ndarray | None = None  # every delivered sample id, in arrival order
     device_busy: dict[str, float] = field(default_factory=dict)
     stages: dict[str, float] = field(default_factory=dict)  # stage_* (facebench/stages.py)
+    emulated: dict[str, float] = field(default_factory=dict)  # au (facebench/accelerator.py)
 
     def metrics(self) -> dict[str, float]:
         metrics = {
@@ -49,6 +51,7 @@ class EpochResult:
             **self.order,
             **self.device_busy,
             **self.stages,
+            **self.emulated,
         }
         if self.loss_first is not None and self.loss_last is not None:
             metrics["loss_first"] = self.loss_first
@@ -79,6 +82,10 @@ class EpochSettings:
     # Batches the loader starts on at once (n_workers x prefetch_factor): the steady rate leaves
     # them out.
     in_flight: int = 0
+    # An emulated accelerator takes each batch the host hands over (host_only), in place of a
+    # model; with several ranks, they meet at `barrier` after each step.
+    accelerator: Accelerator | None = None
+    barrier: Callable[[], None] | None = None
 
     def enough(self, n_batches: int, elapsed_s: float) -> bool:
         """Whether the epoch stops here, short of the loader's end."""
@@ -156,7 +163,7 @@ def _timed_epoch(
 ) -> EpochResult:
     device = settings.device
     meter, busy = EpochMeter(device, in_flight=settings.in_flight), DeviceBusy(device)
-    monitor = UsageMonitor(device, settings.sample_hz)
+    monitor, emulated = UsageMonitor(device, settings.sample_hz), _emulated(settings)
     monitor.open_gpu()  # NVML start-up, outside the clock
     bar = epoch_progress(settings.expected_images, settings.description)
     seen = _Seen()
@@ -166,7 +173,7 @@ def _timed_epoch(
         meter.start()
         monitor.start(meter.started_at)
         timeline = loop_timeline(settings.stage_times, totals, meter.started_at, meter.clock)
-        use = _Use(trainer, Finisher(device, settings.geometry), busy, seen, timeline)
+        use = _Use.of(trainer, settings, busy, seen, timeline, emulated)
         # Building the loader (listing files, forking workers) is part of waiting for the first
         # batch: the first wait is counted from the start of the epoch.
         asked_at = meter.started_at
@@ -180,8 +187,7 @@ def _timed_epoch(
                 deaths.check()
                 seen.add(batch)
                 timeline.mark("handover")
-                if not settings.host_only:
-                    use(batch, ready)
+                use(batch, ready)
                 bar.update(len(batch.labels))
                 if settings.enough(meter.n_batches, meter.elapsed()):
                     break
@@ -207,26 +213,55 @@ def _timed_epoch(
         loss_last=seen.last_loss.item() if seen.last_loss is not None else None,
         device_busy=busy.metrics(times.epoch_time_s),
         stages=totals.metrics(times.samples_seen, times.epoch_time_s),
+        emulated=emulated.metrics(meter.ended_at) if emulated is not None else {},
     )
 
 
 @dataclass
 class _Use:
-    """What the loop does with a batch it received: finish it on the device, train on it."""
+    """What the loop does with a batch it received: finish it on the device, train on it; or,
+    host only, nothing more, or an emulated accelerator's step."""
 
     trainer: Trainer | None
     finish: Finisher
     busy: DeviceBusy
     seen: _Seen
     timeline: LoopTimeline
+    host_only: bool = False
+    emulated: EmulatedSteps | None = None
+
+    @classmethod
+    def of(
+        cls,
+        trainer: Trainer | None,
+        settings: EpochSettings,
+        busy: DeviceBusy,
+        seen: _Seen,
+        timeline: LoopTimeline,
+        emulated: EmulatedSteps | None,
+    ) -> _Use:
+        finish = Finisher(settings.device, settings.geometry)
+        return cls(trainer, finish, busy, seen, timeline, settings.host_only, emulated)
 
     def __call__(self, batch: Batch, ready: Ready | None) -> None:
+        if self.emulated is not None:
+            self.emulated.step(len(batch.labels))
+            self.timeline.mark("step")
+            return
+        if self.host_only:
+            return
         with self.busy.step():
             images, labels = ready or self.finish(batch)
             self.timeline.mark("finish")
             if self.trainer is not None:
                 self.seen.loss(self.trainer.step(images, labels))
                 self.timeline.mark("step")
+
+
+def _emulated(settings: EpochSettings) -> EmulatedSteps | None:
+    if settings.accelerator is None:
+        return None
+    return EmulatedSteps(settings.accelerator, settings.barrier)
 
 
 def _feed(loader: Iterable[Batch], settings: EpochSettings) -> Iterator[tuple[Batch, Ready | None]]:

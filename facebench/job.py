@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from facebench.accelerator import Accelerator
 from facebench.config import TrainConfig
 from facebench.data.records import LabelSpace
 from facebench.device import Precision, hardware_tags, resolve_device, resolve_precision
@@ -48,8 +49,11 @@ def git_commit() -> str:
 
 
 def run_name(cfg: TrainConfig, precision: str) -> str:
-    """dataset-w5-bs600-fp16; the model is named when it is not the article's ResNet-50."""
+    """dataset-w5-bs600-fp16; the model is named when it is not the article's ResNet-50, an
+    emulated accelerator in its place (dataset-w5-bs600-h100)."""
     name = f"{cfg.loader.name}-w{cfg.n_workers}-bs{cfg.batch_size}"
+    if cfg.accelerator.name != "none":
+        return f"{name}-{cfg.accelerator.name}"
     if cfg.model == "none":
         return f"{name}-host-only" if cfg.host_only else f"{name}-loader-only"
     name = f"{name}-{precision}"
@@ -61,18 +65,24 @@ class Job:
     world: World
     device: torch.device
     precision: Precision
+    # An emulated accelerator in place of the model (facebench/accelerator.py), or None.
+    accelerator: Accelerator | None = None
 
     @classmethod
     def start(cls, cfg: TrainConfig) -> Job:
+        accelerator = Accelerator.of(cfg.accelerator, cfg.transform.crop, cfg.batch_size)
         world = world_from_env()
-        device = resolve_device(cfg.device, world.local_rank, world.distributed)
+        # An emulated accelerator trains nothing on a device: with device=auto its ranks take no
+        # GPU (a host with fewer GPUs than accelerators_per_host emulates as many).
+        asked = "cpu" if accelerator is not None and cfg.device == "auto" else cfg.device
+        device = resolve_device(asked, world.local_rank, world.distributed)
         start_distributed(world, device)
-        return cls(world, device, resolve_precision(cfg.amp, device))
+        return cls(world, device, resolve_precision(cfg.amp, device), accelerator)
 
     def trainer(self, cfg: TrainConfig, labels: LabelSpace) -> Trainer | None:
         """The configured model's training step on this job's device and precision; None for
-        model=none (the loader alone)."""
-        if cfg.model == "none":
+        model=none (the loader alone) and for an emulated accelerator (its step is a wait)."""
+        if cfg.model == "none" or self.accelerator is not None:
             return None
         return build_trainer(
             cfg.model,
@@ -101,6 +111,8 @@ class Job:
             device_type=self.device.type,
             world_size=self.world.world_size,
         )
+        if self.accelerator is not None:
+            params.update(self.accelerator.params())
         return params
 
     def tags(self, sweep_id: str | None) -> dict[str, str]:

@@ -12,7 +12,7 @@ import numpy as np
 
 from facebench import stages
 from facebench.config import TrainConfig
-from facebench.distributed import World, barrier, gather, join, whole_job
+from facebench.distributed import StepBarrier, World, barrier, gather, join, whole_job
 from facebench.epoch import EpochSettings, run_epoch
 from facebench.exactly_once import check_exactly_once
 from facebench.job import Job
@@ -32,7 +32,10 @@ HEADLINE = (
     "steady_images_per_s",
     "time_to_first_batch_s",
     "data_wait_frac",
+    "au",
 )
+# Steps per emulated accelerator below which its AU is a few batches' luck, and said to be.
+FEW_STEPS = 10
 _RESIDENCY_SAMPLE = 2000  # files checked with mincore to report the cache state
 
 
@@ -58,10 +61,14 @@ def measure(
         expected_images=len(ctx.records) if not cfg.max_batches else None,
         join=join(trainer.model if trainer else None),
         loader_name=cfg.loader.name,
-        host_only=cfg.host_only,
+        # An emulated accelerator takes batches as a GPU run's host side hands them over.
+        host_only=cfg.host_only or job.accelerator is not None,
         stage_times=cfg.stage_times,
         in_flight=cfg.n_workers * cfg.loader.prefetch_factor,
+        accelerator=job.accelerator,
     )
+    emulated_ranks = job.accelerator is not None and job.world.distributed
+    steps_met = StepBarrier(job.device) if emulated_ranks else None
     n_measured = cfg.repeat * cfg.epochs
     for step in range(n_measured):
         epoch_ctx = replace(ctx, epoch=step)  # reshuffles, identically on every rank
@@ -70,10 +77,14 @@ def measure(
         barrier(job.world)
         cache_metrics = _cache_state(files)
         settings = replace(settings, description=f"epoch {step + 1}/{n_measured}")
+        if steps_met is not None:  # a Join of its own each epoch, as DDP's model.join() gives
+            settings = replace(settings, barrier=steps_met, join=steps_met.join())
         result = run_epoch(lambda c=epoch_ctx: loader.build(c), trainer, settings)
         epoch_metrics = {**result.metrics(), **cache_metrics}
         if job.world.distributed:
             epoch_metrics = _merge_ranks(job.world, epoch_metrics, result.ids)
+            if job.accelerator is not None and "au" in epoch_metrics:
+                epoch_metrics["au_pass"] = float(epoch_metrics["au"] >= job.accelerator.min_au)
         tracker.log_metrics(epoch_metrics, step=step)
         epochs.append(epoch_metrics)
         if job.world.is_main:
@@ -127,6 +138,18 @@ def _log_epoch(step: int, metrics: dict[str, float]) -> None:
         extra = f", GPU busy {100 * metrics['gpu_busy_frac']:.0f}% of the epoch"
     if "gpu_util_mean" in metrics:
         extra += f" (NVML utilization {metrics['gpu_util_mean']:.0f}%)"
+    if "au" in metrics:
+        lowest = f", lowest {metrics['au_min']:.0%}" if "au_min" in metrics else ""
+        verdict = "fed" if metrics.get("au_pass") else "not fed"
+        extra += f"; emulated accelerator busy {metrics['au']:.0%} (AU{lowest}): {verdict}"
+        steps = int(metrics.get("accelerator_steps", FEW_STEPS))
+        if steps < FEW_STEPS:
+            log.warning(
+                "AU of %d step(s) (the first left out): one late batch moves it; give each "
+                "accelerator %d or more with a smaller batch_size or more images",
+                steps,
+                FEW_STEPS,
+            )
     if "steady_images_per_s" in metrics:
         steady = f"steady {metrics['steady_images_per_s']:,.1f}"
     else:

@@ -31,6 +31,7 @@ METRIC_COLUMNS = (
     "data_wait_frac",
     "gpu_busy_frac",
     "gpu_util_mean",
+    "au",
 )
 PARAM_COLUMNS = ("loader", "n_workers", "host_only")
 # Which data set and how many samples ("synthetic 6,000"); where the workers' time goes, as

@@ -18,6 +18,7 @@ import logging
 import sys
 from pathlib import Path
 
+from facebench import hosts_fed
 from facebench.errors import FacebenchError
 from facebench.paths import PROJECT_ROOT
 from facebench.report_markdown import render, render_article
@@ -47,6 +48,17 @@ def report(
     if not grouped:
         raise FacebenchError(f"sweep {sweep}: no finished runs at {tracking_uri()}")
     text = f"## Sweep {sweep}\n\n" + "\n".join(render(s, t) for s, t in grouped.items())
+    fed = hosts_fed.lines(
+        {"params": r.data.params, "metrics": r.data.metrics, "tags": r.data.tags}
+        for r in chosen
+        if r.info.status == "FINISHED"
+    )
+    if fed:
+        text += (
+            "\n### Emulated accelerators one host feeds\n\n"
+            + "\n".join(f"- {line}" for line in fed)
+            + "\n"
+        )
     if with_article:
         text += "\n" + render_article()
     out = out or PROJECT_ROOT / "outputs" / "reports" / sweep

@@ -39,6 +39,8 @@ def _cell(cell: Cell | None, ceiling: float | None) -> str:
     text = f"{cell.epoch_s:,.1f} s, {cell.images_per_s:,.0f} img/s"
     if ceiling:
         text += f", {100 * cell.images_per_s / ceiling:.0f}% of ceiling"
+    if cell.au is not None:
+        text += f", AU {cell.au:.0%}"
     return text
 
 

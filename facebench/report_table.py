@@ -37,6 +37,8 @@ GROUP_PARAMS = (
     "epochs",
     "max_batches",
     "shard_size",
+    "accelerator.name",
+    "accelerators_per_host",
 )
 KIND_TAG = "facebench.kind"
 
@@ -54,6 +56,8 @@ class Cell:
     # Samples per shard the run read, for loaders whose workers read shards of their own (it
     # may be below shard_size: shards are cut so that every worker has one).
     shard_size_used: int | None = None
+    # An emulated accelerator's utilization, where the run emulated one.
+    au: float | None = None
 
 
 Table = dict[int, dict[str, Cell]]  # n_workers -> loader column -> cell
@@ -98,6 +102,7 @@ def tables(runs) -> dict[Settings, Table]:
             stages=_stages(run.data.metrics),
             waited_us=run.data.metrics.get("stage_waited_us"),
             shard_size_used=_shard_size_used(run.data.metrics),
+            au=run.data.metrics.get("au"),
         )
         column = _column(params, varying.get(params["loader"], ()))
         row = grouped[key][int(params["n_workers"])]
@@ -172,6 +177,8 @@ def _applies(name: str, value: str, given: dict[str, str]) -> bool:
         return given.get("data") == "synthetic"
     if name == "max_batches":
         return value != "0"
+    if name in ("accelerator.name", "accelerators_per_host"):
+        return value not in ("none", "1")
     # The size asked for: shards may be cut smaller, and the table's note gives the size used.
     return name != "shard_size"
 

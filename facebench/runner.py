@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from facebench import loaders, stages
+from facebench import loaders, per_host, stages
 from facebench.config import TrainConfig
 from facebench.data.job_data import JobData, list_data
 from facebench.errors import Interrupted, TrackingLost, interruption
@@ -42,8 +42,10 @@ def run_training(
     Everything the job records goes to results.json in `output_dir` however the job ends. If
     MLflow fails once the run has started, the job still finishes, then raises TrackingLost.
     """
+    if per_host.wanted(cfg):  # several emulated accelerators: this job is their ranks
+        return per_host.run_ranks(cfg, output_dir, sweep_id, multirun)
     job = Job.start(cfg)
-    if cfg.model != "none" and job.world.is_main:
+    if cfg.model != "none" and job.accelerator is None and job.world.is_main:
         log.info("precision: %s on %s", job.precision.describe(), job.device)
     # Only rank 0 records anything; the other ranks train and report their metrics to it.
     output_dir = output_dir if job.world.is_main else None
@@ -164,16 +166,18 @@ def _run(cfg: TrainConfig, job: Job, tracker: Tracker, results: JobResults, read
     if results.classes:
         tracker.log_dict(results.classes, "classes.json")
     trainer = job.trainer(cfg, labels)
+    if job.accelerator is not None:
+        consumer = f"an emulated {job.accelerator.describe()}, loader on {job.device}"
+    else:
+        host_only = " (host only)" if cfg.host_only else ""
+        consumer = f"model={cfg.model}{host_only}, {job.precision.name} on {job.device}"
     log.info(
-        "data %s (%d samples, %d classes), loader=%s, model=%s%s, %s on %s, cache=%s",
+        "data %s (%d samples, %d classes), loader=%s, %s, cache=%s",
         ctx.data_root,
         len(ctx.records),
         labels.n_classes,
         cfg.loader.name,
-        cfg.model,
-        " (host only)" if cfg.host_only else "",
-        job.precision.name,
-        job.device,
+        consumer,
         cfg.cache,
     )
     per_epoch = measure(cfg, job, loader, ctx, trainer, tracker, results.epochs)

@@ -19,6 +19,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from facebench import hosts_fed
 from facebench.errors import TrackingLost
 from facebench.results import TRACKING_LOST
 from facebench.tables import aligned
@@ -45,9 +46,10 @@ def sweep_results(folder: Path) -> list[dict[str, Any]]:
     return found
 
 
-def _row(results: dict[str, Any]) -> list[str]:
+def _row(results: dict[str, Any], with_au: bool = False) -> list[str]:
     params, metrics = results.get("params", {}), results.get("metrics", {})
-    rate, wait = metrics.get("images_per_s"), metrics.get("data_wait_frac")
+    rate, wait, au = metrics.get("images_per_s"), metrics.get("data_wait_frac"), metrics.get("au")
+    emulated = [f"{100 * au:.0f}%" if au is not None else "-"] if with_au else []
     return [
         str(results.get("run_name", "?")),
         str(results.get("tags", {}).get("data_set", params.get("data", "?"))),
@@ -55,14 +57,19 @@ def _row(results: dict[str, Any]) -> list[str]:
         str(params.get("n_workers", "?")),
         f"{rate:,.1f}" if rate is not None else "-",
         f"{100 * wait:.0f}%" if wait is not None else "-",
+        *emulated,
         str(results.get("status", "?"))
         + (", not in MLflow" if results.get("tracking") == TRACKING_LOST else ""),
     ]
 
 
 def summary_table(runs: list[dict[str, Any]]) -> str:
-    """The runs as an aligned plain-text table, one line each."""
-    return aligned(HEADER, (_row(results) for results in runs), right={4, 5})
+    """The runs as an aligned plain-text table, one line each; with an AU column where a run
+    emulated accelerators."""
+    with_au = any("au" in results.get("metrics", {}) for results in runs)
+    header = (*HEADER[:6], "AU", HEADER[6]) if with_au else HEADER
+    rows = (_row(results, with_au) for results in runs)
+    return aligned(header, rows, right={4, 5, 6} if with_au else {4, 5})
 
 
 class SweepSummary(Callback):
@@ -77,6 +84,8 @@ class SweepSummary(Callback):
         jobs = [job for job in folder.glob("*") if job.is_dir() and job.name.isdigit()]
         if runs:
             log.info("the sweep's %d runs:\n%s", len(runs), summary_table(runs))
+            for line in hosts_fed.lines(r for r in runs if r.get("status") == "FINISHED"):
+                log.info("%s", line)
         silent = len(jobs) - len(runs)
         if silent > 0:  # failed before their run began: their logs say why
             log.warning(

@@ -197,3 +197,41 @@ def test_a_ceiling_whose_steps_disagree_is_called_noisy(make_cfg, monkeypatch):
     measured = _ceiling(make_cfg, monkeypatch, _Steps(0.0005, jitter=2.0), seconds=2.0)
     assert measured.noisy and measured.spread >= 0.5  # steps of 1x and 2x
     assert f"a noisy measurement: its {measured.steps} timed steps differed by" in measured.note()
+
+
+def test_a_loader_with_headroom_and_no_shards_beats_a_faster_one_with_shards():
+    """When every loader keeps up with room to spare, the one with nothing to build wins."""
+    plain = Measured("dataset", rates={1: 1300.0, 2: 2500.0})
+    sharded = Measured("raw", rates={1: 50_000.0}, prepare_s=12.0, shard_bytes=2_000_000_000)
+    verdict = _advice(plain, sharded).verdict()
+    assert verdict.startswith(
+        "Use loader=dataset n_workers=1: it keeps resnet50 on cuda:0 fed (1,300 images/s "
+        "against 1,000: 30% headroom)"
+    )
+    assert "faster, but with shards to build first: raw (50,000 images/s)" in verdict
+    # Without 20% to spare, the loader that keeps up with the fewest workers and most room.
+    tight = Measured("dataset", rates={1: 1100.0})
+    assert _advice(tight, sharded).verdict().startswith("Use loader=raw n_workers=1")
+
+
+def test_an_emulated_accelerator_is_the_ceiling_and_says_how_many_a_host_feeds(monkeypatch):
+    slow = Measured("dataset", rates={1: 300.0, 2: 450.0})
+    fast = Measured("raw", rates={1: 40_000.0}, prepare_s=1.0, shard_bytes=10**9)
+    # The pace: an h100's 8,960 images/s x min_au 0.90.
+    advice = _advice(slow, fast, ceiling=8064.0)
+    advice.accelerator_rate, advice.accelerator_name = 8960.0, "h100"
+    advice.device = "an emulated h100"
+    monkeypatch.setattr("facebench.advise.answer.usable_cores", lambda: 16)
+    rows = {row[0]: row for row in advice.rows()}
+    # 40,000 / 8,064: four by its rate; 16 cores give eight a loop and one worker each.
+    assert rows["raw"][-1] == "about 4"
+    assert rows["dataset"][-1] == "0 (AU about 5% with one)"  # 450 of 8,960
+    monkeypatch.setattr("facebench.advise.answer.usable_cores", lambda: 2)
+    assert {row[0]: row for row in advice.rows()}["raw"][-1] == "about 1"  # the cores' limit
+    verdict = advice.verdict()
+    assert verdict.startswith(
+        "Use loader=raw n_workers=1: it keeps an emulated h100 fed (40,000 images/s against "
+        "8,064: 5x its pace)"
+    )
+    assert "accelerator=h100 accelerators_per_host=1,2,4 loader=raw n_workers=1" in verdict
+    assert "accelerators per host" in advice.markdown()

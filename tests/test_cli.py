@@ -226,6 +226,9 @@ def test_bad_config_fails_at_compose_time(make_cfg, override, error, says):
         ("data.labels=x.csv", "data.labels=x.csv: a labels CSV is read with data=folder"),
         ("data=folder", "data.root is empty: data=folder reads a real dataset"),
         ("model=resnet18 host_only=true", "host_only=true measures the loader alone; it needs"),
+        ("accelerators_per_host=4", "accelerators_per_host=4 emulates that many accelerators"),
+        ("accelerator=h100 accelerator.min_au=90", "accelerator.min_au=90: a share from 0 to 1"),
+        ("accelerator=custom accelerator.images_per_s=-5", "accelerator.images_per_s=-5: must"),
     ],
 )
 def test_bad_values_are_named(make_cfg, override, says):

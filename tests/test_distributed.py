@@ -105,3 +105,17 @@ def test_whole_job_metrics_sum_counts_and_take_the_slowest_rank():
     assert merged["data_wait_s"] == 2.0 and merged["data_wait_s_max"] == 3.0
     assert merged["time_to_first_batch_s"] == 0.5
     assert merged["stage_decode_us"] == 600.0  # per image: the ranks' mean
+    assert "au" not in merged  # no emulated accelerator, no AU
+
+    emulated = [
+        {**ranks[0], "au": 0.96, "accelerator_compute_s": 1.9, "accelerator_steps": 10.0},
+        {**ranks[1], "au": 0.84, "accelerator_compute_s": 3.4, "accelerator_steps": 9.0},
+    ]
+    merged = whole_job(emulated)
+    # DLIO's figures: the mean AU over accelerators, and the lowest; their compute time summed.
+    assert merged["au"] == pytest.approx(0.90) and merged["au_min"] == 0.84
+    assert merged["accelerator_compute_s"] == pytest.approx(5.3)
+    assert merged["accelerator_steps"] == 9.0
+    # A rank with too few steps for an AU: rank 0's alone must not pose as the job's.
+    del emulated[1]["au"]
+    assert "au" not in whole_job(emulated)

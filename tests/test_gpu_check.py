@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -40,3 +41,29 @@ def test_the_gpu_check_runs_every_step_on_a_cpu(tmp_path, cache, synthetic_root)
             ran = any(row.startswith(f"| {mode} | {loader} | ") for row in finished)
             assert ran, (mode, loader, result.stderr[-2000:])
     assert any(row.startswith("| compute ceiling | ceiling |") for row in finished)
+    # The ceiling becomes a profile any machine can emulate (a dry run's, in its scratch folder).
+    [written] = [line for line in text.splitlines() if "accelerator profile written:" in line]
+    profile = Path(written.split("written: ")[1].split(" (use it")[0]).read_text()
+    assert "\nimages_per_s: " in profile and "name: measured-" in profile
+
+
+def test_a_profile_is_refused_from_anything_but_a_ceiling_on_a_real_device(tmp_path):
+    from facebench.errors import FacebenchError
+    from facebench.profile import write_profile
+    from facebench.results import JobResults
+
+    ceiling = JobResults(
+        "ceiling-w5-bs600-fp16",
+        {"loader": "ceiling", "model": "resnet50", "amp_resolved": "fp16", "batch_size": 600},
+        {"gpu": "NVIDIA H200"},
+        metrics={"steady_images_per_s": 25_000.0},
+    )
+    path = write_profile("h200", ceiling, tmp_path)
+    text = path.read_text()
+    assert "images_per_s: 25000.0\nmeasured_at: 100\n" in text
+    assert "on NVIDIA H200 (resnet50, fp16, batch 600, 100x100)" in text
+    ceiling.params["loader"] = "raw"
+    with pytest.raises(FacebenchError, match="not a compute ceiling"):
+        write_profile("h200", ceiling, tmp_path)
+    with pytest.raises(FacebenchError, match="--name Big GPU"):
+        write_profile("Big GPU", ceiling, tmp_path)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from facebench.advise.measure import Measured, shortfall
+from facebench.advise.measure import HEADROOM, Measured, shortfall
 from facebench.printable import printable
 from facebench.resources import usable_cores
 from facebench.shards import room
@@ -28,6 +28,19 @@ class Advice:
     counts: list[int] = field(default_factory=lambda: [1])
     ceiling_s: float = 0.0  # time spent measuring the ceiling
     ceiling_note: str = ""  # how the ceiling was measured, when not with the batch asked for
+    # An emulated accelerator's rate (its pace to keep is `ceiling`, this x its min_au): say
+    # how many of them one host's loaders feed (estimated). 0: a real device.
+    accelerator_rate: float = 0.0
+    accelerator_name: str = ""
+
+    @property
+    def per_host(self) -> bool:
+        return self.accelerator_rate > 0
+
+    @property
+    def target(self) -> str:
+        """What is to be kept fed: 'resnet50 on cuda:0', or 'an emulated h100'."""
+        return f"{self.model} on {self.device}" if not self.per_host else self.device
 
     def ordered(self) -> list[Measured]:
         """Loaders that keep the device fed first (fewest workers, then fastest), then the rest."""
@@ -59,34 +72,90 @@ class Advice:
                     f"{m.prepare_s * self.scale():,.1f} s" if m.shard_bytes else "-",
                     room.gb(m.shard_bytes * self.scale()) if m.shard_bytes else "-",
                     "" if fewest is not None else shortfall(m, self.ceiling, cores, self.measured),
+                    *([self.fed_per_host(m, cores)] if self.per_host else []),
                 ]
             )
         return rows
 
+    def fed_per_host(self, measured: Measured, cores: int) -> str:
+        """An estimate of how many accelerators it feeds on this host at once: its best rate
+        over the pace, but no more than the host's cores give each a loop and its workers
+        (measured here: a loader whose one rank fed six h100s by its rate fed one of two
+        ranks, its cores shared by both); or, feeding none, its AU with one."""
+        workers, best = measured.best()
+        if not measured.rates:
+            return "-"
+        if best >= self.ceiling:
+            by_cores = max(1, cores // (workers + 1))
+            return f"about {min(int(best // self.ceiling), by_cores)}"
+        return f"0 (AU about {best / self.accelerator_rate:.0%} with one)"
+
     def verdict(self) -> str:
         if not any(m.rates for m in self.measured):
             return self.nothing_measured()
-        fed = [(m.fewest_feeding(self.ceiling), -m.best()[1], m.name) for m in self.measured]
-        fed = sorted(f for f in fed if f[0] is not None)
+        fed = [m for m in self.measured if m.fewest_feeding(self.ceiling) is not None]
         if not fed:
             best = max(self.measured, key=lambda m: m.best()[1])
             share = 100 * best.best()[1] / self.ceiling if self.ceiling else 0
             return (
-                f"No loader keeps {self.model} on {self.device} fed ({self.ceiling:,.0f} "
+                f"No loader keeps {self.target} fed ({self.ceiling:,.0f} "
                 f"images/s); the closest is {best.name}, at {share:.0f}% with "
                 f"{best.best()[0]} workers."
             )
-        workers, _, name = fed[0]
+        chosen, workers = self.choice(fed)
+        rate = chosen.rates[workers]
         epoch = self.n_images / self.ceiling
-        others = ", ".join(f"{n} ({w})" for w, _, n in fed[1:])
-        also = f" Also fed, fewest workers first: {others}." if others else ""
-        if len(fed) == len(self.measured) and all(w == min(self.counts) for w, _, _ in fed):
-            also += " Every loader keeps up with the fewest workers: the model sets the pace here."
-        return (
-            f"Use loader={name} n_workers={workers}: it keeps {self.model} on {self.device} "
-            f"fed ({self.ceiling:,.0f} images/s), one epoch of {self.n_images:,} images in "
-            f"about {epoch:,.0f} s.{also}"
+        ratio = rate / self.ceiling
+        headroom = f"{ratio:.0f}x its pace" if ratio >= 2 else f"{ratio - 1:.0%} headroom"
+        text = (
+            f"Use loader={chosen.name} n_workers={workers}: it keeps {self.target} fed "
+            f"({rate:,.0f} images/s against {self.ceiling:,.0f}: {headroom}), one epoch of "
+            f"{self.n_images:,} images in about {epoch:,.0f} s."
         )
+        if self.per_host:
+            text += (
+                " Accelerators per host are estimated from one's rate and this host's cores; "
+                f"python train.py -m accelerator={self.accelerator_name} "
+                f"accelerators_per_host=1,2,4 loader={chosen.name} n_workers={workers} "
+                "measures them."
+            )
+        return text + self._what_else(chosen, fed)
+
+    def choice(self, fed: list[Measured]) -> tuple[Measured, int]:
+        """Among the loaders that keep the device fed with HEADROOM to spare, the one that needs
+        no shard build (then the fewest workers, then the fastest): a loader as fast as needed
+        with nothing to build first and no disk to spend beats a faster one. Without any so
+        roomy, the one that keeps it fed with the fewest workers, then the fastest."""
+        roomy = [(m, m.fewest_feeding(HEADROOM * self.ceiling)) for m in fed]
+        roomy = [(m, w) for m, w in roomy if w is not None]
+        if roomy:
+            return min(roomy, key=lambda mw: (mw[0].shard_bytes > 0, mw[1], -mw[0].best()[1]))
+        return min(
+            ((m, m.fewest_feeding(self.ceiling) or 0) for m in fed),
+            key=lambda mw: (mw[1], -mw[0].best()[1]),
+        )
+
+    def _what_else(self, chosen: Measured, fed: list[Measured]) -> str:
+        """What the faster loaders would add, and the others that keep the device fed."""
+        text = ""
+        faster = [m for m in fed if m.best()[1] > chosen.best()[1] and m.shard_bytes]
+        if not chosen.shard_bytes and faster:
+            names = ", ".join(f"{m.name} ({m.best()[1]:,.0f} images/s)" for m in faster)
+            text += f" It needs no shard build; faster, but with shards to build first: {names}."
+        others = sorted(
+            (m.fewest_feeding(self.ceiling) or 0, -m.best()[1], m.name)
+            for m in fed
+            if m is not chosen
+        )
+        if others:
+            listed = ", ".join(f"{n} ({w})" for w, _, n in others)
+            text += f" Also fed, fewest workers first: {listed}."
+        fewest = min(self.counts)
+        if len(fed) == len(self.measured) and all(
+            m.fewest_feeding(self.ceiling) == fewest for m in fed
+        ):
+            text += " Every loader keeps up with the fewest workers: the model sets the pace here."
+        return text
 
     def nothing_measured(self) -> str:
         """What to change when the budget ran out before any loader was measured."""
@@ -113,6 +182,7 @@ class Advice:
             "shard build",
             "shard disk",
             "why not",
+            *(["accelerators per host"] if self.per_host else []),
         ]
         sampled = (
             f" Measured on a sample of {self.n_sample:,} images; build time and disk are "
@@ -121,7 +191,7 @@ class Advice:
             else ""
         )
         return printable(
-            f"## facebench advise: {self.model} on {self.device}\n\n{self.verdict()}\n\n"
+            f"## facebench advise: {self.target}\n\n{self.verdict()}\n\n"
             f"Compute ceiling: {self.ceiling:,.0f} images/s{self.ceiling_note}. "
             f"Data: {self.n_images:,} images."
             f"{sampled} Took {self.seconds:,.0f} s of a {self.budget_s:,.0f} s budget.\n\n"

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, replace
 
 from facebench import loaders
+from facebench.accelerator import Accelerator
 from facebench.advise.measure import with_loader
 from facebench.config import AdviseConfig
 from facebench.data.job_data import JobData
@@ -48,6 +49,18 @@ class Ceiling:
     seconds: float  # time spent measuring it
     steps: int = 0  # timed steps the rate is the median of
     spread: float = 0.0  # (slowest - fastest) / median of those steps
+    source: str = ""  # an emulated accelerator's: where its rate comes from
+
+    @classmethod
+    def emulated(cls, accelerator: Accelerator, batch_size: int) -> Ceiling:
+        """The pace an emulated accelerator needs to be fed at its min_au (what train.py's au_pass
+        asks): its rate x min_au. Nothing to measure."""
+        pace = accelerator.images_per_s * accelerator.min_au
+        source = (
+            f"{accelerator.name}, {accelerator.images_per_s:,.0f} images/s ({accelerator.source}); "
+            f"fed at AU >= {accelerator.min_au:.0%} means {pace:,.0f} images/s"
+        )
+        return cls(pace, batch_size, batch_size, 0.0, source=source)
 
     @property
     def smaller_batch(self) -> bool:
@@ -60,7 +73,7 @@ class Ceiling:
     def note(self) -> str:
         """How it was measured, where that matters: a smaller batch than asked, steps that
         disagreed."""
-        notes = []
+        notes = [f"emulated: {self.source}"] if self.source else []
         if self.smaller_batch:
             notes.append(
                 f"measured with batch_size={self.batch_size}, not {self.asked_batch_size}: a "

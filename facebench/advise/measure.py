@@ -18,7 +18,12 @@ from facebench.shards.manifest import Manifest
 
 log = logging.getLogger("facebench.advise")
 
-ENOUGH = 1.1  # a loader keeps the device fed when it outruns the ceiling by this much
+# A loader chosen for the headroom it leaves: at 20% above the device's pace it keeps up when the
+# machine is busier, the data bigger or colder than when advise measured it.
+HEADROOM = 1.2
+# More workers are not tried once a loader outruns the ceiling by this much: the headroom the
+# choice asks for, or a roomy loader's next worker count would go unmeasured.
+ENOUGH = HEADROOM
 RUN_S = (2.0, 15.0)  # shortest and longest measurement of one loader at one worker count
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from facebench import loaders
 from facebench.advise.answer import Advice
-from facebench.advise.ceiling import measure_ceiling
+from facebench.advise.ceiling import Ceiling, measure_ceiling
 from facebench.advise.chart import chart
 from facebench.advise.measure import RUN_S, Measured, measure_loader, worker_counts
 from facebench.config import AdviseConfig
@@ -40,10 +40,11 @@ def run_advise(
 def advise(cfg: AdviseConfig) -> Advice:
     """Measure the ceiling, then each loader, within budget_s; the answer."""
     started = time.perf_counter()
-    if cfg.model == "none":
+    if cfg.model == "none" and cfg.accelerator.name == "none":
         raise ConfigError(
             "model=none: advise finds the loaders that keep a model fed, so it needs one: "
-            "model=resnet50 (the article's) on a GPU, or model=resnet18 amp=off on a CPU"
+            "model=resnet50 (the article's) on a GPU, model=resnet18 amp=off on a CPU, or an "
+            "emulated accelerator (accelerator=h100)"
         )
     loaders.refuse_unknown(cfg.loaders, "loaders")
     counts = worker_counts(cfg.workers)
@@ -53,12 +54,17 @@ def advise(cfg: AdviseConfig) -> Advice:
     full = list_data(cfg, job.world)
     cfg, data = _subset(cfg, full, job)
     share = min(CEILING_SHARE * cfg.budget_s, deadline - time.perf_counter())
-    ceiling = measure_ceiling(cfg, job, data, share)
+    if job.accelerator is not None:
+        ceiling = Ceiling.emulated(job.accelerator, cfg.batch_size)
+    else:
+        ceiling = measure_ceiling(cfg, job, data, share)
+    device = f"an emulated {job.accelerator.name}" if job.accelerator else str(job.device)
+    trains = f"{cfg.model} trains" if job.accelerator is None else "the pace to keep"
     log.info(
-        "compute ceiling: %s trains at %.0f images/s on %s%s",
-        cfg.model,
+        "compute ceiling: %s at %.0f images/s on %s%s",
+        trains,
         ceiling.images_per_s,
-        job.device,
+        device,
         ceiling.note(),
     )
     names = cfg.loaders or loaders.names(real_only=True)
@@ -66,7 +72,7 @@ def advise(cfg: AdviseConfig) -> Advice:
     return Advice(
         counts=counts,
         model=str(cfg.model),
-        device=str(job.device),
+        device=device,
         ceiling=ceiling.images_per_s,
         n_images=len(full.listing.usable.records),
         n_sample=len(data.listing.usable.records),
@@ -75,6 +81,8 @@ def advise(cfg: AdviseConfig) -> Advice:
         budget_s=cfg.budget_s,
         ceiling_s=ceiling.seconds,
         ceiling_note=ceiling.note(),
+        accelerator_rate=job.accelerator.images_per_s if job.accelerator else 0.0,
+        accelerator_name=job.accelerator.name if job.accelerator else "",
     )
 
 

@@ -1,0 +1,76 @@
+"""How many emulated accelerators one host feeds: MLPerf Storage's headline figure, from a sweep
+over accelerators_per_host (`train.py -m accelerator=h100 accelerators_per_host=1,2,4,8`).
+
+Per loader, n_workers and accelerator: the most accelerators per host whose runs kept the
+accelerators at or above accelerator.min_au (au_pass), and, for the next count tried, its AU and
+the stage that cost its workers most, which is what holds the next accelerator back.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Tried:
+    accelerators: int
+    au: float
+    passed: bool
+    dominant_stage: str
+    min_au: float
+
+
+def _key(params: Mapping[str, Any]) -> tuple[str, str, str]:
+    """Runs of one loader, n_workers and accelerator at one rate (a sweep over custom rates,
+    batch sizes or crops gives each its own line)."""
+    name, rate = str(params["accelerator.name"]), float(params.get("accelerator_images_per_s") or 0)
+    accelerator = f"{name} ({rate:,.0f} images/s)" if rate else name
+    return str(params.get("loader")), str(params.get("n_workers")), accelerator
+
+
+def grouped(runs: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str], list[Tried]]:
+    """(loader, n_workers, accelerator) -> the counts tried, fewest first; `runs` are
+    results.json's shape: params, metrics, tags (finished runs of an emulated accelerator)."""
+    found: dict[tuple[str, str, str], list[Tried]] = defaultdict(list)
+    for run in runs:
+        params, metrics = run.get("params", {}), run.get("metrics", {})
+        if params.get("accelerator.name", "none") == "none" or "au" not in metrics:
+            continue
+        tried = Tried(
+            int(params.get("accelerators_per_host", 1)),
+            float(metrics["au"]),
+            bool(metrics.get("au_pass")),
+            str(run.get("tags", {}).get("dominant_stage", "")),
+            float(params.get("accelerator.min_au", 0.90)),
+        )
+        found[_key(params)].append(tried)
+    return {key: sorted(tries, key=lambda t: t.accelerators) for key, tries in found.items()}
+
+
+def lines(runs: Iterable[Mapping[str, Any]]) -> list[str]:
+    """One line per loader, n_workers and accelerator: how many it feeds, and what stops more."""
+    said = []
+    for (loader, workers, accelerator), tries in sorted(grouped(runs).items()):
+        min_au = tries[0].min_au
+        fed = [t for t in tries if t.passed]
+        most = max(fed, key=lambda t: t.accelerators) if fed else None
+        text = f"{loader}, {workers} worker{'' if workers == '1' else 's'}: "
+        if most is None:
+            text += f"feeds no {accelerator} at AU >= {min_au:.0%}"
+        else:
+            text += (
+                f"feeds {most.accelerators} {accelerator} per host at AU >= {min_au:.0%} "
+                f"(AU {most.au:.1%})"
+            )
+        above = [t for t in tries if t.accelerators > (most.accelerators if most else 0)]
+        if above:
+            nxt = min(above, key=lambda t: t.accelerators)
+            held = f", held back by {nxt.dominant_stage}" if nxt.dominant_stage else ""
+            text += f"; with {nxt.accelerators}: AU {nxt.au:.1%}{held}"
+        elif most is not None:
+            text += f"; {most.accelerators} is the most tried"
+        said.append(text)
+    return said

@@ -1,0 +1,121 @@
+"""Several emulated accelerators on one host: the job started again as that many ranks, one
+process each, by torchrun's launcher (torch.distributed.run, its elastic agent), on this host.
+
+    python train.py accelerator=h100 accelerators_per_host=4 loader=raw n_workers=2
+
+Each rank has its own loader with its own n_workers and takes its share of every epoch (the
+epoch plan's rank split, as under any torchrun job); the ranks meet after each emulated step, as
+data-parallel training's all-reduce makes them. Rank 0 records the job (MLflow, results.json in
+this job's folder): AU averaged over the ranks (DLIO's figure) and the lowest, images/s summed.
+The job in Hydra's process only starts the ranks and reads back what rank 0 wrote, so a sweep
+over accelerators_per_host is an ordinary sweep.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+
+from facebench.accelerator import Accelerator
+from facebench.config import TrainConfig
+from facebench.distributed import world_from_env
+from facebench.entry import MULTIRUN_ENV, SWEEP_ID_ENV
+from facebench.errors import ConfigError, FacebenchError, TrackingLost
+from facebench.results import RESULTS, TRACKING_LOST, JobResults
+from facebench.tracking import UPLOAD_COMMAND
+
+log = logging.getLogger(__name__)
+
+# How long torchrun's launcher has to stop its ranks when this job is stopped (it gives each
+# rank 30 s by default; an emulated rank stops within a second or two).
+STOP_GRACE_S = 20.0
+
+
+def wanted(cfg: TrainConfig) -> bool:
+    """Whether this process should start the ranks (rather than be one): several accelerators
+    asked for, and no torchrun around it yet. Refuses a torchrun of another size."""
+    world = world_from_env()
+    asked = cfg.accelerators_per_host
+    if world.distributed and asked > 1 and world.local_world_size != asked:
+        raise ConfigError(
+            f"accelerators_per_host={asked}, but torchrun started {world.local_world_size} "
+            "ranks on this host: start train.py alone (it starts the ranks), or give the same "
+            "number to both"
+        )
+    return asked > 1 and not world.distributed
+
+
+def run_ranks(
+    cfg: TrainConfig, output_dir: Path | None, sweep_id: str | None, multirun: bool
+) -> dict[str, float]:
+    """This job, as cfg.accelerators_per_host ranks on this host; the metrics rank 0 recorded."""
+    if output_dir is None:
+        raise ConfigError("accelerators_per_host needs the job's output folder (train.py's)")
+    # The config's own refusals (accelerator=custom without a rate) here, once, not in N ranks.
+    Accelerator.of(cfg.accelerator, cfg.transform.crop, cfg.batch_size)
+    ranks = cfg.accelerators_per_host
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={ranks}",
+        sys.argv[0],
+        *HydraConfig.get().overrides.task,
+        # Quoted: a sweep's folder names hold '=' and ',' (hydra.job.override_dirname).
+        f"hydra.run.dir='{output_dir}'",
+    ]
+    env = {
+        **os.environ,
+        SWEEP_ID_ENV: sweep_id or "",
+        MULTIRUN_ENV: "1" if multirun else "",
+        # torchrun gives each of several ranks one thread unless told; a job of one rank runs
+        # with every core's. The cores shared out, so a sweep over the count compares like with
+        # like (tensor work in the loop's process, thread-based loaders).
+        "OMP_NUM_THREADS": os.environ.get(
+            "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks))
+        ),
+    }
+    log.info("starting %d ranks on this host, one emulated accelerator each", ranks)
+    returncode = _launch(command, env)
+    path = output_dir / RESULTS
+    if not path.is_file():
+        raise FacebenchError(
+            f"the {cfg.accelerators_per_host} ranks of this job ended (exit status "
+            f"{returncode}) before rank 0 wrote {path}; their lines above say why"
+        )
+    results = JobResults.read(path)
+    if results.tracking == TRACKING_LOST:
+        raise TrackingLost(
+            f"run {results.run_name} finished but is not in MLflow ({results.tracking_error}); "
+            f"once MLflow answers: {UPLOAD_COMMAND} {output_dir}"
+        )
+    if results.status != "FINISHED" or returncode != 0:
+        raise FacebenchError(
+            f"run {results.run_name} {results.status.lower()} in its ranks (exit status "
+            f"{returncode}); their lines above say why"
+        )
+    return results.metrics
+
+
+def _launch(command: list[str], env: dict[str, str]) -> int:
+    """torchrun's launcher, waited for; if this process is stopped (Ctrl-C, SIGTERM as an
+    exception), the launcher is asked to stop first, so that it stops its ranks (started in
+    sessions of their own, they would outlive a killed launcher), then killed if it will not."""
+    launcher = subprocess.Popen(command, env=env)
+    try:
+        return launcher.wait()
+    except BaseException:
+        launcher.send_signal(signal.SIGTERM)
+        try:
+            launcher.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            launcher.kill()
+            launcher.wait()
+        raise
