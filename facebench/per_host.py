@@ -63,7 +63,7 @@ def run_ranks(
     command = [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        __name__,  # torchrun's launcher, run by _launcher below
         "--standalone",
         f"--nproc_per_node={ranks}",
         sys.argv[0],
@@ -119,3 +119,20 @@ def _launch(command: list[str], env: dict[str, str]) -> int:
             launcher.kill()
             launcher.wait()
         raise
+
+
+def _launcher(argv: list[str]) -> None:
+    """torchrun's launcher (torch.distributed.run), quiet when stopped: told to stop, it stops
+    its ranks, which say so in a line each, then raises SignalException, whose traceback would
+    follow the ranks' lines. Ends with the signal's usual exit status instead."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.run import main
+
+    try:
+        main(argv)
+    except SignalException as stopped:
+        raise SystemExit(128 + int(stopped.sigval)) from None
+
+
+if __name__ == "__main__":
+    _launcher(sys.argv[1:])

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 
 from facebench import hosts_fed
@@ -189,3 +192,58 @@ def test_n_accelerators_a_host_feeds_n_times_over_add_up(tmp_path, cache, isolat
     assert metrics["steady_images_per_s"] == pytest.approx(2 * rate, rel=0.10)
     assert metrics["au"] >= 0.9 and metrics["au_min"] >= 0.9 and metrics["au_pass"] == 1.0
     assert metrics["samples_unique"] == metrics["samples_seen"] == 2400
+
+
+@pytest.mark.slow
+def test_a_stopped_job_stops_its_ranks(tmp_path, cache, isolated_env):
+    """SIGTERM to a job of several emulated accelerators reaches its ranks through torchrun's
+    launcher, which the job waits for: when the job has ended, none of them is left (killed
+    at once, the launcher would leave its ranks running on their own)."""
+    log = tmp_path / "job.log"
+    with log.open("w") as output:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                str(PROJECT_ROOT / "train.py"),
+                "loader=raw",
+                "n_workers=1",
+                f"data.cache_dir={cache}",
+                "data.n_images=600",
+                "batch_size=10",
+                "accelerator=custom",
+                "accelerator.images_per_s=20",  # a 30 s epoch: long enough to be stopped in
+                "accelerators_per_host=2",
+                "tracking=false",
+                "device=cpu",
+                f"hydra.run.dir={tmp_path / 'out'}",
+            ],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=isolated_env,
+        )
+        deadline = time.monotonic() + 120
+        # A rank's line just before its first epoch.
+        while "an emulated custom" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        family = psutil.Process(process.pid).children(recursive=True)  # launcher, ranks, ...
+        assert process.poll() is None and len(family) >= 3, log.read_text()[-3000:]
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=90)
+    # A moment for the kernel to reap what has just exited, not for a survivor to finish.
+    _, alive = psutil.wait_procs(family, timeout=2)
+    # An exited process whose parent is gone waits as a zombie for init to reap it: it runs
+    # nothing, holds nothing.
+    running = {p.pid: _status(p) for p in alive}
+    alive = [p for p in alive if running[p.pid] not in (psutil.STATUS_ZOMBIE, "gone")]
+    for survivor in alive:
+        survivor.kill()
+    assert not alive, f"processes of the job outlived it (pid: status as it ended): {running}"
+    assert process.returncode != 0
+    assert "Traceback" not in log.read_text()[-2000:], log.read_text()[-3000:]
+
+
+def _status(process: psutil.Process) -> str:
+    try:
+        return process.status()
+    except psutil.NoSuchProcess:
+        return "gone"
