@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import platform
 import time
 from dataclasses import dataclass, replace
@@ -12,7 +13,7 @@ import torch
 
 from facebench.config import Amp, choice
 from facebench.errors import ConfigError
-from facebench.resources import usable_cores
+from facebench.resources import allowance
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +59,14 @@ def device_name(device: torch.device) -> str:
 
 
 def hardware_tags(device: torch.device) -> dict[str, str]:
-    """What identifies the hardware a run measured: CPU model and cores, GPUs and driver."""
+    """What identifies the hardware a run measured: CPU model and the cores it may use, the
+    container limits that applied (if any), GPUs and driver."""
+    allowed = allowance()
     tags = {
         "device_name": device_name(device),
         "cpu": cpu_model(),
-        "cpu_cores": str(usable_cores()),
+        "cpu_cores": str(allowed.cores),
+        **allowed.tags(),
         "gpu": "none",
         "gpu_count": "0",
     }
@@ -78,6 +82,20 @@ def hardware_tags(device: torch.device) -> dict[str, str]:
         except Exception:  # no NVML library: the driver goes unnamed
             pass
     return tags
+
+
+def threads_within_quota() -> None:
+    """torch sizes its CPU thread pool by the host's cores; under a container's CPU quota that
+    many threads only take turns (and are throttled together). Fewer, as many as the quota's
+    cores, unless OMP_NUM_THREADS says otherwise."""
+    allowed = allowance()
+    if (
+        allowed.cores_limit
+        and "OMP_NUM_THREADS" not in os.environ
+        and torch.get_num_threads() > allowed.cores
+    ):
+        log.info("torch threads: %d, for the %s", allowed.cores, allowed.cores_limit)
+        torch.set_num_threads(allowed.cores)
 
 
 def synchronize(device: torch.device) -> None:

@@ -14,7 +14,13 @@ import torch
 from facebench.accelerator import Accelerator
 from facebench.config import TrainConfig
 from facebench.data.records import LabelSpace
-from facebench.device import Precision, hardware_tags, resolve_device, resolve_precision
+from facebench.device import (
+    Precision,
+    hardware_tags,
+    resolve_device,
+    resolve_precision,
+    threads_within_quota,
+)
 from facebench.distributed import World, world_from_env
 from facebench.distributed import start as start_distributed
 from facebench.paths import PROJECT_ROOT
@@ -76,6 +82,7 @@ class Job:
         # GPU (a host with fewer GPUs than accelerators_per_host emulates as many).
         asked = "cpu" if accelerator is not None and cfg.device == "auto" else cfg.device
         device = resolve_device(asked, world.local_rank, world.distributed)
+        threads_within_quota()
         start_distributed(world, device)
         return cls(world, device, resolve_precision(cfg.amp, device), accelerator)
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import TypeVar
+
+from facebench.resources import usable_cores
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -14,7 +15,7 @@ R = TypeVar("R")
 def map_in_processes(function: Callable[[T], R], items: Sequence[T], n_procs: int) -> Iterator[R]:
     """function(item) for each item, in order: in this process when one process is enough
     (no pool to start), otherwise in up to n_procs worker processes (never more than cores)."""
-    n_procs = max(1, min(n_procs, os.cpu_count() or 1, len(items)))
+    n_procs = max(1, min(n_procs, usable_cores(), len(items)))
     if n_procs == 1:
         yield from map(function, items)
         return

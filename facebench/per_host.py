@@ -27,6 +27,7 @@ from facebench.config import TrainConfig
 from facebench.distributed import world_from_env
 from facebench.entry import MULTIRUN_ENV, SWEEP_ID_ENV
 from facebench.errors import ConfigError, FacebenchError, TrackingLost
+from facebench.resources import usable_cores
 from facebench.results import RESULTS, TRACKING_LOST, JobResults
 from facebench.tracking import UPLOAD_COMMAND
 
@@ -78,9 +79,7 @@ def run_ranks(
         # torchrun gives each of several ranks one thread unless told; a job of one rank runs
         # with every core's. The cores shared out, so a sweep over the count compares like with
         # like (tensor work in the loop's process, thread-based loaders).
-        "OMP_NUM_THREADS": os.environ.get(
-            "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks))
-        ),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, usable_cores() // ranks))),
     }
     log.info("starting %d ranks on this host, one emulated accelerator each", ranks)
     returncode = _launch(command, env)

@@ -21,7 +21,7 @@ from pathlib import Path
 from facebench import hosts_fed
 from facebench.errors import FacebenchError
 from facebench.paths import PROJECT_ROOT
-from facebench.report_markdown import render, render_article
+from facebench.report_markdown import render, render_article, render_machines
 from facebench.report_table import KIND_TAG, latest_sweep, tables
 from facebench.tracking import Tracker
 from facebench.tracking_store import EXPERIMENT, REPORTS_EXPERIMENT, check_server, tracking_uri
@@ -47,7 +47,8 @@ def report(
     grouped = tables(chosen)
     if not grouped:
         raise FacebenchError(f"sweep {sweep}: no finished runs at {tracking_uri()}")
-    text = f"## Sweep {sweep}\n\n" + "\n".join(render(s, t) for s, t in grouped.items())
+    machines = render_machines([run.data.tags for run in chosen if run.info.status == "FINISHED"])
+    text = f"## Sweep {sweep}\n\n{machines}" + "\n".join(render(s, t) for s, t in grouped.items())
     fed = hosts_fed.lines(
         {"params": r.data.params, "metrics": r.data.metrics, "tags": r.data.tags}
         for r in chosen

@@ -16,8 +16,24 @@ from facebench.report_table import (
     ordered,
     title,
 )
+from facebench.resources import CONTAINER_TAGS
 from facebench.stages import WORKER_STAGES
 from facebench.tables import markdown
+
+
+def render_machines(tags: list[dict[str, str]]) -> str:
+    """Where the runs measured: each distinct CPU, its usable cores and GPU, and the container
+    limits that applied (a sweep in a 2-CPU container is not a sweep of the host)."""
+    machines: dict[str, None] = {}
+    for run in tags:
+        text = f"{run.get('cpu', 'unknown CPU')}, {run.get('cpu_cores', '?')} cores"
+        if run.get("gpu", "none") != "none":
+            text += f", {run['gpu']}"
+        limits = [run[key] for key in CONTAINER_TAGS if key in run]
+        if limits:
+            text += f" (within a {'; a '.join(limits)})"
+        machines[text] = None
+    return f"Measured on {'; '.join(machines)}.\n\n" if machines else ""
 
 
 def render(settings: Settings, table: Table) -> str:

@@ -1,4 +1,5 @@
-"""Will the requested workers fit this machine? Asked before any worker is forked.
+"""What this process may use (cores, memory), and whether the requested workers fit in it.
+Asked before any worker is forked.
 
 A thousand workers fork a thousand processes and take the machine's memory down with them (and
 leave the MLflow run RUNNING). Each worker costs its own memory (a forked process's pages that
@@ -7,6 +8,9 @@ in shared memory (prefetch_factor of them), and whatever its loader holds (a pic
 shuffle buffer). A request whose estimate exceeds the memory available is refused with the
 numbers; `resource_check=false` starts it anyway. More workers than cores only warns: the
 article ran 10 workers, and that is a legitimate thing to measure.
+
+Inside a container the machine is what its cgroups allow (facebench/cgroups.py), not what the
+host has: `allowance()` is the one answer every part of facebench asks.
 """
 
 from __future__ import annotations
@@ -14,14 +18,18 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from dataclasses import dataclass
+from functools import cache
 
 import psutil
 
+from facebench import cgroups
 from facebench.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 WORKER_OWN_BYTES = 64 * 2**20
+CONTAINER_TAGS = ("container_cpu_limit", "container_memory_limit")  # a run's, where one applied
 # torch's DataLoader says the same as check_workers' warning, twice per loader (from two lines of
 # its own) and once more for every epoch's loader, with nothing to do about it: check_workers
 # says it once per job, with the worker count that uses every core.
@@ -38,11 +46,66 @@ def batch_bytes(batch_size: int, image_shape: tuple[int, ...], normalized: bool 
     return pixels * (_FLOAT_BYTES if normalized else 1)
 
 
+@dataclass(frozen=True)
+class Allowance:
+    """What this process may use: whole cores, and bytes of memory it may still take; each with
+    the container limit that set it, where one did (empty where the host's own figure did)."""
+
+    cores: int
+    memory: int
+    cores_limit: str = ""  # "cgroup CPU quota 1.5 CPUs at <cgroup folder>"
+    memory_limit: str = ""  # "cgroup memory limit 2.5 GiB at <folder>, 0.4 GiB of it in use"
+
+    def tags(self) -> dict[str, str]:
+        """A run's tags naming the container limits that applied to it, if any."""
+        limits = (self.cores_limit, self.memory_limit)
+        return {tag: limit for tag, limit in zip(CONTAINER_TAGS, limits, strict=True) if limit}
+
+
+def allowance() -> Allowance:
+    """Cores: those this process may run on (affinity: taskset, cpusets), fewer where a CPU
+    quota allows less time. Memory: the host's available memory, less where a cgroup's limit
+    leaves less (its limit less what its processes already hold)."""
+    cores = _affinity()
+    quota = _quota()
+    cores_limit = ""
+    if quota is not None and quota.cores < cores:
+        cores = quota.cores
+        cpus = f"{quota.cpus:g} CPU{'' if quota.cpus == 1 else 's'}"
+        cores_limit = f"cgroup CPU quota {cpus} at {quota.path}"
+    memory = psutil.virtual_memory().available
+    memory_limit = ""
+    limit = cgroups.tightest_memory()
+    if limit is not None and limit.free < memory:
+        memory = limit.free
+        memory_limit = f"cgroup memory limit {gib(limit.limit)} at {limit.path}, "
+        memory_limit += f"{gib(limit.used)} of it in use"
+    return Allowance(cores, memory, cores_limit, memory_limit)
+
+
 def usable_cores() -> int:
+    """The cores this process may use: its affinity, capped by a container's CPU quota."""
+    cores = _affinity()
+    quota = _quota()
+    return min(cores, quota.cores) if quota is not None else cores
+
+
+def gib(size: int) -> str:
+    return f"{size / 2**30:.1f} GiB"
+
+
+def _affinity() -> int:
     try:
         return len(os.sched_getaffinity(0))  # what this process may run on (taskset, cpusets)
     except AttributeError:
         return os.cpu_count() or 1
+
+
+@cache
+def _quota() -> cgroups.CpuQuota | None:
+    # Read once per process: the quota of a running process's cgroup does not change under it,
+    # and the worker-count hints ask often. (Memory is read afresh: it is what is left now.)
+    return cgroups.cpu_quota()
 
 
 def check_workers(
@@ -73,13 +136,19 @@ def check_workers(
     if not enabled:
         return
     needed = total_workers * per_worker
-    available = psutil.virtual_memory().available
-    if needed > available:
-        fits = max(0, available // max(per_worker, 1) // processes_per_machine)
+    allowed = allowance()
+    if needed > allowed.memory:
+        fits = max(0, allowed.memory // max(per_worker, 1) // processes_per_machine)
+        where = f" ({allowed.memory_limit})" if allowed.memory_limit else ""
+        more = (
+            ", give the container more memory (docker run --memory, a pod's memory limit)"
+            if allowed.memory_limit
+            else ""
+        )
         raise ConfigError(
             f"n_workers={n_workers}: {total_workers} workers of loader={loader} need about "
-            f"{needed / 2**30:.1f} GiB ({per_worker / 2**20:,.0f} MiB each: the process, its "
-            f"prefetched batches and what the loader holds), but {available / 2**30:.1f} GiB are "
-            f"available. Use n_workers={fits} or fewer (or a smaller batch_size), or "
+            f"{gib(needed)} ({per_worker / 2**20:,.0f} MiB each: the process, its prefetched "
+            f"batches and what the loader holds), but {gib(allowed.memory)} are available"
+            f"{where}. Use n_workers={fits} or fewer (or a smaller batch_size){more}, or "
             "resource_check=false to start them anyway"
         )

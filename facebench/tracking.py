@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from facebench import mlflow_views as views
+from facebench import run_owner
 from facebench.errors import TrackingError
 from facebench.printable import printable, printable_mapping
 from facebench.tracking_store import (
@@ -120,13 +121,14 @@ class Tracker:
             with store_lock(uri):
                 mlflow.set_tracking_uri(uri)
                 experiment_id = self.experiment_id = ensure_experiment(mlflow, uri, self.experiment)
+                _close_orphans(mlflow, experiment_id)
                 if system_metrics:
                     mlflow.set_system_metrics_sampling_interval(SYSTEM_METRICS_INTERVAL_S)
                     mlflow.set_system_metrics_samples_before_logging(1)
                 active = mlflow.start_run(
                     experiment_id=experiment_id,
                     run_name=name,
-                    tags=dict(tags),
+                    tags={**tags, **run_owner.tags()},
                     log_system_metrics=system_metrics,
                 )
         except Exception as error:  # MLflow raises many types for a bad store
@@ -258,6 +260,15 @@ def failure_reason(error: BaseException) -> str:
         return "no answer in time (read timed out)"
     first = text.splitlines()[0] if text else ""
     return f"{type(error).__name__}: {first[:200]}" if first else type(error).__name__
+
+
+def _close_orphans(mlflow: Any, experiment_id: str) -> None:
+    """Runs left RUNNING by a killed process, closed (facebench.run_owner). Housekeeping: a
+    failure here is logged and the new run goes on."""
+    try:
+        run_owner.close_orphans(mlflow.MlflowClient(), experiment_id)
+    except Exception as error:  # MLflow raises many types
+        log.warning("runs left RUNNING by killed processes were not checked: %s", error)
 
 
 def _stop_system_metrics(run_id: str | None) -> None:

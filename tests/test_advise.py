@@ -41,11 +41,17 @@ def test_the_fewest_workers_that_keep_up_win():
 def test_a_loader_that_falls_short_says_why():
     scales = Measured("dataset", rates={1: 100.0, 2: 200.0, 4: 400.0})
     assert shortfall(scales, ceiling=1000.0, cores=4) == (
-        "about 100 images/s per worker: the device needs 10 workers, this machine has 4 cores"
+        "about 100 images/s per worker: the device needs 10 workers, this run may use 4 cores"
     )
     flat = Measured("datapipe", rates={1: 300.0, 2: 320.0, 4: 310.0})
     assert "does not scale with workers (300 images/s with 1, 320 at best with 2)" in shortfall(
         flat, ceiling=1000.0, cores=4
+    )
+    # One core (a container's CPU quota): one count, nothing to say how it scales.
+    alone = Measured("dataset", rates={1: 1315.0})
+    assert shortfall(alone, ceiling=8064.0, cores=1) == (
+        "1,315 images/s with 1 worker, as many as this run's 1 core allow; at that rate a "
+        "worker, the device needs 7"
     )
     advice = _advice(scales, flat)
     assert advice.verdict().startswith("No loader keeps resnet50 on cuda:0 fed")

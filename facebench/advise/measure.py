@@ -158,12 +158,20 @@ def _scaling(measured: Measured, ceiling: float, cores: int) -> str:
     counts = sorted(measured.rates)
     low, high = counts[0], counts[-1]
     best_workers, best = measured.best()
+    if len(counts) == 1 and low >= cores:
+        # One count, the most the cores allow: nothing says how it scales, only what it needs.
+        needed = math.ceil(ceiling / (best / low))
+        return (
+            f"{best:,.0f} images/s with {low} worker{'s' if low > 1 else ''}, as many as this "
+            f"run's {cores} core{'s' if cores > 1 else ''} allow; at that rate a worker, the "
+            f"device needs {needed}"
+        )
     if len(counts) > 1 and measured.rates[high] >= 1.5 * measured.rates[low]:
         per_worker = measured.rates[high] / high
         needed = math.ceil(ceiling / per_worker)
         return (
             f"about {per_worker:,.0f} images/s per worker: the device needs {needed} workers, "
-            f"this machine has {cores} cores"
+            f"this run may use {cores} cores"
         )
     return (
         f"does not scale with workers ({measured.rates[low]:,.0f} images/s with {low}, "

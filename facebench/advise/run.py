@@ -20,6 +20,7 @@ from facebench.data.subset import subset_tree
 from facebench.errors import ConfigError, FacebenchError
 from facebench.job import Job
 from facebench.paths import PROJECT_ROOT, cache_dir
+from facebench.resources import allowance
 from facebench.tracking import Tracker
 from facebench.tracking_store import REPORTS_EXPERIMENT
 
@@ -48,6 +49,9 @@ def advise(cfg: AdviseConfig) -> Advice:
         )
     loaders.refuse_unknown(cfg.loaders, "loaders")
     counts = worker_counts(cfg.workers)
+    allowed = allowance()
+    if allowed.cores_limit:
+        log.info("worker counts up to %d: the cores of the %s", allowed.cores, allowed.cores_limit)
     cfg = replace(cfg, n_workers=max(counts))  # what the resource check looks at
     deadline = started + cfg.budget_s
     job = Job.start(cfg)

@@ -23,6 +23,7 @@ from facebench.data.synthetic_images import celeba_like_jpeg, digiface_like_png,
 from facebench.errors import DataError
 from facebench.parallel import map_in_processes
 from facebench.progress import progress
+from facebench.resources import usable_cores
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ def ensure_synthetic(
     log.info("synthetic data: generating %d images into %s", n_images, root)
     try:
         generate = _generate_folder if layout == "folder" else _generate
-        generate(staging, SyntheticPlan(n_images, seed), n_procs or os.cpu_count() or 1)
+        generate(staging, SyntheticPlan(n_images, seed), n_procs or usable_cores())
     except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)  # a half-written tree keeps nothing
         if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):

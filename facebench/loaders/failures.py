@@ -18,6 +18,7 @@ from typing import Any
 
 from torch.utils.data._utils import signal_handling
 
+from facebench import cgroups
 from facebench.errors import LoaderFailure
 
 _KILLED = re.compile(r"DataLoader worker \(pid (\d+)\) is killed by signal: (.+?)\.")
@@ -48,6 +49,14 @@ _UNKNOWN_HINT = (
 
 def worker_died(loader: str, pid: int | str, how: str) -> LoaderFailure:
     hint = _OOM_HINT if "SIGKILL" in how or "Killed" in how else _UNKNOWN_HINT
+    limit = cgroups.tightest_memory()
+    if limit is not None and (kills := cgroups.oom_kills()):
+        # In a container, dmesg is often out of reach; its cgroup counts the kills itself.
+        hint = (
+            f"this process's memory cgroup (limit {limit.limit / 2**30:.1f} GiB at {limit.path}) "
+            f"has recorded {kills} kill(s) by the out-of-memory killer: use fewer n_workers or a "
+            "smaller batch_size, or give the container more memory"
+        )
     return LoaderFailure(f"loader={loader}: a worker process (pid {pid}) died: {how}; {hint}")
 
 

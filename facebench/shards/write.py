@@ -22,6 +22,7 @@ from facebench.data.records import Record
 from facebench.errors import ShardError
 from facebench.parallel import map_in_processes
 from facebench.progress import progress
+from facebench.resources import usable_cores
 from facebench.shards import formats, owned, room
 from facebench.shards.formats import ShardFormat
 from facebench.shards.manifest import MANIFEST, ShardEntry, encode_index, read_verified
@@ -83,7 +84,7 @@ def write_missing(
         shard_format.name,
         folder,
         len(tasks),
-        max(1, min(n_procs, os.cpu_count() or 1, len(tasks))),
+        max(1, min(n_procs, usable_cores(), len(tasks))),
     )
     written = map_in_processes(_write_shard, tasks, n_procs)
     try:
