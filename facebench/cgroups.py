@@ -31,8 +31,8 @@ class MemoryLimit:
 
     path: Path  # the cgroup's folder, named in messages
     limit: int  # bytes
-    # Bytes in use that cannot be reclaimed: usage less the inactive page cache (what the kernel
-    # drops before it kills; the working set, as Kubernetes counts it).
+    # Bytes in use less the page cache of files (active and inactive), which the kernel reclaims
+    # before it kills. Shared memory (/dev/shm) is not page cache of files and stays counted.
     used: int
 
     @property
@@ -78,22 +78,25 @@ def cpu_quota(root: Path = Path("/")) -> CpuQuota | None:
 
 
 def oom_kills(root: Path = Path("/")) -> int:
-    """How many processes the kernel's OOM killer has killed in this process's cgroups (v1
-    memory.oom_control, v2 memory.events), or 0 where that is not recorded."""
-    total = 0
+    """How many processes the kernel's OOM killer has killed in this process's own memory
+    cgroup since it was made (v1 memory.oom_control; v2 memory.events.local, or memory.events,
+    which also counts the cgroup's children), or 0 where that is not recorded."""
     for version, folder in _own_cgroups(root, "memory"):
-        name = "memory.oom_control" if version == 1 else "memory.events"
-        for level in folder:
-            total += _keyed(level / name).get("oom_kill", 0)
-    return total
+        names = ["memory.oom_control"] if version == 1 else ["memory.events.local", "memory.events"]
+        for name in names:
+            counts = _keyed(folder[0] / name)
+            if "oom_kill" in counts:
+                return counts["oom_kill"]
+    return 0
 
 
 def _own_cgroups(root: Path, controller: str) -> list[tuple[int, list[Path]]]:
     """For each hierarchy that holds `controller`: its version, and the folders from this
     process's cgroup up to the mount's root."""
     try:
-        memberships = (root / "proc/self/cgroup").read_text().splitlines()
-        mounts = (root / "proc/self/mountinfo").read_text().splitlines()
+        # surrogateescape: a mount point's name may be any bytes.
+        memberships = (root / "proc/self/cgroup").read_text(errors="surrogateescape").splitlines()
+        mounts = (root / "proc/self/mountinfo").read_text(errors="surrogateescape").splitlines()
     except OSError:  # not Linux, or /proc not mounted: no cgroup to read
         return []
     found = []
@@ -105,40 +108,42 @@ def _own_cgroups(root: Path, controller: str) -> list[tuple[int, list[Path]]]:
         version = 2 if controllers == "" else 1
         if version == 1 and controller not in controllers.split(","):
             continue
-        mount = _mount(mounts, version, controller)
+        mount = _mount(mounts, version, controller, cgroup)
         if mount is None:
             continue
-        mount_root, mount_point = mount
-        folder = root / mount_point.lstrip("/") / _relative(cgroup, mount_root)
+        relative, mount_point = mount
         top = root / mount_point.lstrip("/")
+        folder = top / relative
         levels = [folder, *(parent for parent in folder.parents if parent.is_relative_to(top))]
         found.append((version, levels))
     return found
 
 
-def _mount(mounts: list[str], version: int, controller: str) -> tuple[str, str] | None:
-    """(the mount's root within the hierarchy, where it is mounted) for the hierarchy."""
+def _mount(mounts: list[str], version: int, controller: str, cgroup: str) -> tuple[str, str] | None:
+    """(the cgroup's folder below the mount point, the mount point) of the hierarchy's mount
+    that holds the cgroup: a container's mount shows its own cgroup as the root (mount root
+    /docker/<id>, cgroup /docker/<id>: the folder is the mount point). Of several, the last:
+    a later mount on the same place hides an earlier one (a host's tree bind-mounted over a
+    container's). None where no mount holds it (a cgroup outside this namespace's view)."""
+    path = PurePosixPath(cgroup)
+    if ".." in path.parts:
+        return None  # above this cgroup namespace's root: not in any mount seen from here
+    found = None
     for line in mounts:
         head, _, tail = line.partition(" - ")
         fields, described = head.split(), tail.split()
         if len(fields) < 5 or len(described) < 3:
             continue
         fstype, options = described[0], described[2].split(",")
-        if (version == 2 and fstype == "cgroup2") or (
-            version == 1 and fstype == "cgroup" and controller in options
+        if not (
+            (version == 2 and fstype == "cgroup2")
+            or (version == 1 and fstype == "cgroup" and controller in options)
         ):
-            return _unescape(fields[3]), _unescape(fields[4])
-    return None
-
-
-def _relative(cgroup: str, mount_root: str) -> str:
-    """The cgroup's folder below the mount point. A container's mount shows its own cgroup as
-    the root (mount root /docker/<id>, cgroup /docker/<id>): its folder is the mount point. Under
-    a cgroup namespace the path is already relative to what is mounted."""
-    path, base = PurePosixPath(cgroup), PurePosixPath(mount_root)
-    if path.is_relative_to(base):
-        return str(path.relative_to(base))
-    return str(path).lstrip("/")
+            continue
+        base = PurePosixPath(_unescape(fields[3]))
+        if path.is_relative_to(base):
+            found = str(path.relative_to(base)), _unescape(fields[4])
+    return found
 
 
 def _unescape(text: str) -> str:
@@ -155,7 +160,8 @@ def _v1_memory(folder: Path) -> MemoryLimit | None:
     if limit is None or limit >= _UNLIMITED:
         return None
     usage = _number(folder / "memory.usage_in_bytes") or 0
-    return MemoryLimit(folder, limit, max(0, usage - stat.get("total_inactive_file", 0)))
+    cache = stat.get("total_inactive_file", 0) + stat.get("total_active_file", 0)
+    return MemoryLimit(folder, limit, max(0, usage - cache))
 
 
 def _v2_memory(folder: Path) -> MemoryLimit | None:
@@ -163,8 +169,9 @@ def _v2_memory(folder: Path) -> MemoryLimit | None:
     if limit is None or limit >= _UNLIMITED:
         return None
     usage = _number(folder / "memory.current") or 0
-    inactive = _keyed(folder / "memory.stat").get("inactive_file", 0)
-    return MemoryLimit(folder, limit, max(0, usage - inactive))
+    stat = _keyed(folder / "memory.stat")
+    cache = stat.get("inactive_file", 0) + stat.get("active_file", 0)
+    return MemoryLimit(folder, limit, max(0, usage - cache))
 
 
 def _v1_cpu(folder: Path) -> CpuQuota | None:
@@ -176,7 +183,7 @@ def _v1_cpu(folder: Path) -> CpuQuota | None:
 
 def _v2_cpu(folder: Path) -> CpuQuota | None:
     try:
-        quota, period = (folder / "cpu.max").read_text().split()[:2]
+        quota, period = (folder / "cpu.max").read_text(errors="replace").split()[:2]
     except (OSError, ValueError):
         return None
     if quota == "max" or not quota.isdigit() or not period.isdigit() or int(period) == 0:
@@ -187,7 +194,7 @@ def _v2_cpu(folder: Path) -> CpuQuota | None:
 def _number(path: Path) -> int | None:
     """A file holding one integer; None where it is missing, unreadable or "max"."""
     try:
-        return int(path.read_text().strip())
+        return int(path.read_text(errors="replace").strip())
     except (OSError, ValueError):
         return None
 
@@ -196,7 +203,7 @@ def _keyed(path: Path) -> dict[str, int]:
     """A file of "key value" lines (memory.stat, memory.events)."""
     values = {}
     try:
-        lines = path.read_text().splitlines()
+        lines = path.read_text(errors="replace").splitlines()
     except OSError:
         return values
     for line in lines:

@@ -54,7 +54,9 @@ class Allowance:
     cores: int
     memory: int
     cores_limit: str = ""  # "cgroup CPU quota 1.5 CPUs at <cgroup folder>"
-    memory_limit: str = ""  # "cgroup memory limit 2.5 GiB at <folder>, 0.4 GiB of it in use"
+    memory_limit: str = ""  # "cgroup memory limit 2.5 GiB at <cgroup folder>"
+    memory_in_use: int = 0  # of memory_limit, by the cgroup's processes
+    cpus: float = 0.0  # CPUs' worth of time: the cores, or a quota's fraction of them
 
     def tags(self) -> dict[str, str]:
         """A run's tags naming the container limits that applied to it, if any."""
@@ -67,20 +69,19 @@ def allowance() -> Allowance:
     quota allows less time. Memory: the host's available memory, less where a cgroup's limit
     leaves less (its limit less what its processes already hold)."""
     cores = _affinity()
+    cpus = float(cores)
     quota = _quota()
     cores_limit = ""
-    if quota is not None and quota.cores < cores:
-        cores = quota.cores
-        cpus = f"{quota.cpus:g} CPU{'' if quota.cpus == 1 else 's'}"
-        cores_limit = f"cgroup CPU quota {cpus} at {quota.path}"
+    if quota is not None and quota.cpus < cores:
+        cores, cpus = min(cores, quota.cores), quota.cpus
+        cores_limit = f"cgroup CPU quota {quota.cpus:g} CPU{'' if quota.cpus == 1 else 's'}"
+        cores_limit += f" at {quota.path}"
     memory = psutil.virtual_memory().available
-    memory_limit = ""
     limit = cgroups.tightest_memory()
-    if limit is not None and limit.free < memory:
-        memory = limit.free
-        memory_limit = f"cgroup memory limit {gib(limit.limit)} at {limit.path}, "
-        memory_limit += f"{gib(limit.used)} of it in use"
-    return Allowance(cores, memory, cores_limit, memory_limit)
+    if limit is None or limit.free >= memory:
+        return Allowance(cores, memory, cores_limit, cpus=cpus)
+    memory_limit = f"cgroup memory limit {gib(limit.limit)} at {limit.path}"
+    return Allowance(cores, limit.free, cores_limit, memory_limit, limit.used, cpus)
 
 
 def usable_cores() -> int:
@@ -139,9 +140,15 @@ def check_workers(
     allowed = allowance()
     if needed > allowed.memory:
         fits = max(0, allowed.memory // max(per_worker, 1) // processes_per_machine)
-        where = f" ({allowed.memory_limit})" if allowed.memory_limit else ""
+        where = (
+            f" ({allowed.memory_limit}, {gib(allowed.memory_in_use)} of it in use, page cache "
+            "not counted)"
+            if allowed.memory_limit
+            else ""
+        )
         more = (
-            ", give the container more memory (docker run --memory, a pod's memory limit)"
+            ", raise the limit (docker run --memory, a pod's limits.memory, SLURM's --mem, "
+            "systemd's MemoryMax)"
             if allowed.memory_limit
             else ""
         )

@@ -1,83 +1,179 @@
 """Which process owns an MLflow run, and closing the runs whose process is gone.
 
 A process killed outright (the kernel's OOM killer in a container at its memory limit, SIGKILL)
-never ends its run, which would stay RUNNING forever. Each run carries its process's host, pid
-and start time as tags; whenever facebench next opens a run in the same experiment, on the same
-host, a RUNNING run whose process no longer exists is marked KILLED, with a tag saying why.
-Runs of other hosts (a shared tracking server) are left alone: their processes cannot be seen
-from here.
+never ends its run, which would stay RUNNING forever. Whenever facebench opens a run, it first
+closes, as KILLED with an `ended_by` tag, the experiment's RUNNING runs whose owner is certainly
+gone; a run it cannot be sure of is left as it is. How it is sure:
+
+- A SQLite store (the default): the owner holds a lock on a file beside the database, from
+  before its run opens until after it ends. The kernel drops the lock when the process dies,
+  however it dies, and the file is removed once the run has ended. So a run whose lock can be
+  taken, or whose file is gone while the run is still RUNNING, has no owner. This holds across
+  containers that share the store's folder, whatever their hostnames or process namespaces.
+- Any other store (a tracking server): the run names its process (pid, start time, user), the
+  kernel's boot and the process namespace. Only a run of this same boot and namespace, and
+  of this user, can be looked up (a container with another namespace, or another user's
+  processes hidden by /proc's hidepid, cannot), and it is closed only when its process is gone.
+
+Every verdict is checked against the run's status read again just before it is closed: an
+owner that ended its run meanwhile has removed its lock file only after ending it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import socket
+import uuid
+from pathlib import Path
 from typing import Any
 
 import psutil
 
-from facebench import cgroups
-
 log = logging.getLogger(__name__)
 
-HOST_TAG = "owner_host"
+LOCK_TAG = "owner_lock"
+HOST_TAG = "owner_host"  # for people reading the run; not used to decide
 PID_TAG = "owner_pid"
-STARTED_TAG = "owner_started"  # the process's start time, so that a reused pid is not taken for it
+STARTED_TAG = "owner_started"  # the process's start time: a reused pid is not taken for it
+USER_TAG = "owner_uid"
+BOOT_TAG = "owner_boot"
+NAMESPACE_TAG = "owner_pid_namespace"
 ENDED_TAG = "ended_by"
 _SAME_START_S = 1.0
+GONE = (
+    "its process ended without ending the run: it was killed outright (the kernel's OOM killer "
+    "at a memory limit, or SIGKILL), or it lost the MLflow store mid-run (then `python -m "
+    "facebench.upload <its output folder>` puts in what its results.json kept)"
+)
 
 
-def tags() -> dict[str, str]:
-    """This process, as a run's tags."""
-    return {
-        HOST_TAG: socket.gethostname(),
-        PID_TAG: str(os.getpid()),
-        STARTED_TAG: f"{psutil.Process().create_time():.2f}",
-    }
+class Ownership:
+    """This process's claim on the run it is about to open; `release` once the run has ended."""
+
+    def __init__(self, uri: str) -> None:
+        self.token = uuid.uuid4().hex
+        self._lock: Any = None
+        self.path = _lock_folder(uri)
+        if self.path is not None:
+            self.path = self.path / f"{self.token}.lock"
+            try:
+                self.path.parent.mkdir(exist_ok=True)
+                self._lock = open(self.path, "w")  # noqa: SIM115 (held for the run's life)
+                fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as error:  # a read-only folder: the tags below decide instead
+                log.debug("no owner lock at %s (%s)", self.path, error)
+                self._close()
+
+    def tags(self) -> dict[str, str]:
+        tags = {
+            HOST_TAG: socket.gethostname(),
+            PID_TAG: str(os.getpid()),
+            STARTED_TAG: f"{psutil.Process().create_time():.2f}",
+            USER_TAG: str(os.getuid()),
+            BOOT_TAG: _boot_id(),
+            NAMESPACE_TAG: _pid_namespace(),
+        }
+        if self._lock is not None:
+            tags[LOCK_TAG] = self.token
+        return {key: value for key, value in tags.items() if value}
+
+    def release(self) -> None:
+        """After the run has ended: the file first, then the lock (see the module's note)."""
+        if self._lock is not None and self.path is not None:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+        self._close()
+
+    def _close(self) -> None:
+        if self._lock is not None:
+            self._lock.close()
+        self._lock = None
 
 
-def alive(pid: int, started: float) -> bool:
-    """Whether the process `pid` that started at `started` still runs (not a reused pid, not a
-    zombie). A process that cannot be looked at is taken to run."""
+def close_orphans(client: Any, experiment_id: str, uri: str) -> list[str]:
+    """Mark KILLED the experiment's RUNNING runs whose owner is gone; their names."""
+    runs = client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'")
+    folder = _lock_folder(uri)
+    closed = []
+    for run in runs:
+        with _owner_gone(run.data.tags, folder) as gone:
+            if not gone or client.get_run(run.info.run_id).info.status != "RUNNING":
+                continue
+            client.set_tag(run.info.run_id, ENDED_TAG, GONE)
+            client.set_terminated(run.info.run_id, status="KILLED")
+        closed.append(run.info.run_name)
+        log.warning("run %s was still RUNNING, but %s: marked KILLED", run.info.run_name, GONE)
+    return closed
+
+
+@contextlib.contextmanager
+def _owner_gone(tags: dict[str, str], folder: Path | None):
+    """Whether the run's owner is certainly gone; a lock taken to find out is held (so no one
+    else acts on the run meanwhile) and its file removed once the run has been dealt with."""
+    token = tags.get(LOCK_TAG)
+    if token is None or folder is None:
+        yield _process_gone(tags)
+        return
+    path = folder / f"{token}.lock"
+    try:
+        lock = open(path, "rb")  # noqa: SIM115
+    except FileNotFoundError:  # removed by its owner, which ended the run first if it could
+        yield True
+        return
+    except OSError:
+        yield False
+        return
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: its owner runs
+            yield False
+            return
+        yield True
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def _process_gone(tags: dict[str, str]) -> bool:
+    try:
+        pid, started = int(tags[PID_TAG]), float(tags[STARTED_TAG])
+        uid, boot, namespace = int(tags[USER_TAG]), tags[BOOT_TAG], tags[NAMESPACE_TAG]
+    except (KeyError, ValueError):  # a run facebench did not open, or opened before these tags
+        return False
+    if (uid, boot, namespace) != (os.getuid(), _boot_id(), _pid_namespace()) or not boot:
+        return False  # its process cannot be seen from here
     try:
         process = psutil.Process(pid)
         return (
-            abs(process.create_time() - started) < _SAME_START_S
-            and process.status() != psutil.STATUS_ZOMBIE
+            abs(process.create_time() - started) >= _SAME_START_S
+            or process.status() == psutil.STATUS_ZOMBIE
         )
     except psutil.NoSuchProcess:
-        return False
-    except psutil.Error:
         return True
+    except psutil.Error:
+        return False
 
 
-def close_orphans(client: Any, experiment_id: str) -> list[str]:
-    """Mark KILLED the experiment's RUNNING runs owned by a process of this host that is gone;
-    the names of the runs closed."""
-    host = socket.gethostname()
-    runs = client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'")
-    closed = []
-    for run in runs:
-        owner = run.data.tags
-        try:
-            pid, started = int(owner[PID_TAG]), float(owner[STARTED_TAG])
-        except (KeyError, ValueError):  # a run facebench did not open, or opened before these
-            continue
-        if owner.get(HOST_TAG) != host or alive(pid, started):
-            continue
-        reason = (
-            f"its process (pid {pid}) was gone when facebench next started: killed without "
-            "ending its run (by the kernel's OOM killer at a memory limit, or by SIGKILL)"
-        )
-        client.set_tag(run.info.run_id, ENDED_TAG, reason)
-        client.set_terminated(run.info.run_id, status="KILLED")
-        closed.append(run.info.run_name)
-        log.warning("run %s was still RUNNING, but %s: marked KILLED", run.info.run_name, reason)
-    if closed and (kills := cgroups.oom_kills()):
-        log.warning(
-            "this process's memory cgroup has recorded %d kill(s) by the OOM killer: see "
-            "docs/errors.md on container memory limits",
-            kills,
-        )
-    return closed
+def _lock_folder(uri: str) -> Path | None:
+    """Where a SQLite store's owners keep their locks: a folder beside the database."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    database = Path(uri.removeprefix("sqlite:///"))
+    return database.with_name(database.name + "-owners")
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""

@@ -117,21 +117,23 @@ class Tracker:
     def _started(
         self, mlflow: Any, uri: str, name: str, tags: Mapping[str, str], system_metrics: bool
     ) -> Iterator[None]:
+        owner = run_owner.Ownership(uri)  # held from before the run opens to after it ends
         try:
             with store_lock(uri):
                 mlflow.set_tracking_uri(uri)
                 experiment_id = self.experiment_id = ensure_experiment(mlflow, uri, self.experiment)
-                _close_orphans(mlflow, experiment_id)
+                _close_orphans(mlflow, experiment_id, uri)
                 if system_metrics:
                     mlflow.set_system_metrics_sampling_interval(SYSTEM_METRICS_INTERVAL_S)
                     mlflow.set_system_metrics_samples_before_logging(1)
                 active = mlflow.start_run(
                     experiment_id=experiment_id,
                     run_name=name,
-                    tags={**tags, **run_owner.tags()},
+                    tags={**tags, **owner.tags()},
                     log_system_metrics=system_metrics,
                 )
         except Exception as error:  # MLflow raises many types for a bad store
+            owner.release()
             raise TrackingError(
                 f"MLflow store {uri} cannot be used: {error}. Check that it is writable, "
                 "set MLFLOW_TRACKING_URI to another store, or run with tracking=false"
@@ -149,6 +151,7 @@ class Tracker:
             raise
         finally:
             self._end(status)
+            owner.release()
 
     def _end(self, status: str) -> None:
         import mlflow
@@ -262,11 +265,11 @@ def failure_reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {first[:200]}" if first else type(error).__name__
 
 
-def _close_orphans(mlflow: Any, experiment_id: str) -> None:
+def _close_orphans(mlflow: Any, experiment_id: str, uri: str) -> None:
     """Runs left RUNNING by a killed process, closed (facebench.run_owner). Housekeeping: a
     failure here is logged and the new run goes on."""
     try:
-        run_owner.close_orphans(mlflow.MlflowClient(), experiment_id)
+        run_owner.close_orphans(mlflow.MlflowClient(), experiment_id, uri)
     except Exception as error:  # MLflow raises many types
         log.warning("runs left RUNNING by killed processes were not checked: %s", error)
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from facebench import mlflow_views as views
+from facebench import run_owner
 from facebench.errors import FacebenchError
 from facebench.results import RESULTS, TRACKING_LOGGED, JobResults, now_ms
 from facebench.tracking import failure_reason, param_values, rounded
@@ -90,6 +91,8 @@ def upload(client: Any, experiment_id: str, path: Path) -> str:
     _log_all(client, run_id, results, _logged_points(client, run))
     _log_artifacts(client, run_id, folder, results)
     client.set_terminated(run_id, results.status, end_time=results.end_time_ms or now_ms())
+    if run_owner.ENDED_TAG in run.data.tags:  # closed meanwhile, its owner gone: now complete
+        client.delete_tag(run_id, run_owner.ENDED_TAG)
     client.set_tag(run_id, UPLOADED_TAG, "true")  # last: an upload cut short is done again
     how = "completed the run MLflow had begun" if found else "a new run"
     return f"{folder}: run {results.run_name} put into MLflow ({how}, {run_id})"

@@ -22,7 +22,7 @@ import numpy as np
 import psutil
 import torch
 
-from facebench.resources import usable_cores
+from facebench.resources import allowance
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class UsageMonitor:
         self._start_counters: Counters | None = None
         self._last: dict[int, Counters] = {}  # each process's latest counters
         self._wall_start = 0.0
-        self._cores = usable_cores()
+        self._cpus = allowance().cpus  # a quota's 1.5 CPUs, not 2 cores
 
     def open_gpu(self) -> None:
         """Find the GPU in NVML (slow the first time): call before the epoch clock starts."""
@@ -183,9 +183,9 @@ class UsageMonitor:
         elapsed = max(wall_end - self._wall_start, 1e-9)
         start = self._start_counters or end_counters
         metrics = {
-            # Share of the CPU this run may use (every usable core: affinity, a container's
-            # quota) used by the process tree.
-            "cpu_util_mean": 100.0 * (end_counters.cpu_s - start.cpu_s) / (elapsed * self._cores),
+            # Share of the CPU time this run may use (its cores, or a container's quota) used
+            # by the process tree.
+            "cpu_util_mean": 100.0 * (end_counters.cpu_s - start.cpu_s) / (elapsed * self._cpus),
             # Resident memory of the main process plus its workers. Pages a forked worker still
             # shares with the main process count in both, so this overstates many workers.
             "peak_rss_mb": self._rss_peak / 2**20,

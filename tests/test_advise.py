@@ -50,8 +50,8 @@ def test_a_loader_that_falls_short_says_why():
     # One core (a container's CPU quota): one count, nothing to say how it scales.
     alone = Measured("dataset", rates={1: 1315.0})
     assert shortfall(alone, ceiling=8064.0, cores=1) == (
-        "1,315 images/s with 1 worker, as many as this run's 1 core allow; at that rate a "
-        "worker, the device needs 7"
+        "1,315 images/s with 1 worker, one per core this run may use; at that rate per worker, "
+        "the device needs 7 workers"
     )
     advice = _advice(scales, flat)
     assert advice.verdict().startswith("No loader keeps resnet50 on cuda:0 fed")

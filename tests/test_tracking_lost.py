@@ -19,6 +19,7 @@ import mlflow
 import pytest
 from mlflow import MlflowClient
 
+from facebench import run_owner
 from facebench.errors import TrackingLost
 from facebench.paths import PROJECT_ROOT
 from facebench.results import TRACKING_LOST, JobResults
@@ -92,9 +93,15 @@ def test_a_store_that_fails_mid_run_stops_nothing(make_cfg, tmp_path, store, mon
     assert mlflow.active_run() is None
 
     monkeypatch.setattr(mlflow, "log_metrics", log_metrics)  # the store answers again
+    # Its process has ended: a run opened now would close it as KILLED; the upload completes it.
+    MlflowClient(store).update_run(MlflowClient(store).search_runs(["1"])[0].info.run_id, "RUNNING")
+    assert run_owner.close_orphans(MlflowClient(store), "1", store) == [
+        "dataset-w0-bs8-loader-only"
+    ]
     assert upload_all([tmp_path / "out"]) == 0
     [run] = MlflowClient(store).search_runs(["1"])
     assert run.info.status == "FINISHED" and run.data.tags[UPLOADED_TAG] == "true"
+    assert run_owner.ENDED_TAG not in run.data.tags
     assert job_metrics(run) == as_logged(results)
     history = MlflowClient(store).get_metric_history(run.info.run_id, "images_per_s")
     assert sorted(point.step for point in history) == [0, 1, 2]  # epoch 0's not logged twice

@@ -158,13 +158,12 @@ def _scaling(measured: Measured, ceiling: float, cores: int) -> str:
     counts = sorted(measured.rates)
     low, high = counts[0], counts[-1]
     best_workers, best = measured.best()
-    if len(counts) == 1 and low >= cores:
-        # One count, the most the cores allow: nothing says how it scales, only what it needs.
+    if counts == [cores]:
+        # One count, the cores' own: nothing says how it scales, only what it would need.
         needed = math.ceil(ceiling / (best / low))
         return (
-            f"{best:,.0f} images/s with {low} worker{'s' if low > 1 else ''}, as many as this "
-            f"run's {cores} core{'s' if cores > 1 else ''} allow; at that rate a worker, the "
-            f"device needs {needed}"
+            f"{best:,.0f} images/s with {low} worker{'s' if low > 1 else ''}, one per core this "
+            f"run may use; at that rate per worker, the device needs {needed} workers"
         )
     if len(counts) > 1 and measured.rates[high] >= 1.5 * measured.rates[low]:
         per_worker = measured.rates[high] / high

@@ -20,6 +20,7 @@ from facebench.data.location import data_layout
 from facebench.data.transforms import Geometry, article_transform
 from facebench.distributed import World, barrier
 from facebench.errors import ConfigError
+from facebench.loaders.failures import count_oom_kills_from_now
 from facebench.loaders.shared import LoaderContext
 from facebench.loaders.spec import LoaderSpec
 from facebench.paths import PROJECT_ROOT, cache_dir, shards_root
@@ -79,6 +80,7 @@ def set_up(
         processes_per_machine=world.local_world_size,
         enabled=cfg.resource_check,
     )
+    count_oom_kills_from_now()
     return metrics
 
 

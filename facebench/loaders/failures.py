@@ -47,15 +47,29 @@ _UNKNOWN_HINT = (
 )
 
 
+# The OOM kills this process's memory cgroup had counted when the loader's workers started.
+_oom_kills_before = 0
+
+
+def count_oom_kills_from_now() -> None:
+    """Called before a loader's workers start: a worker's death is then put down to the OOM
+    killer only if its cgroup counts a kill since (not one from an earlier run)."""
+    global _oom_kills_before
+    _oom_kills_before = cgroups.oom_kills()
+
+
 def worker_died(loader: str, pid: int | str, how: str) -> LoaderFailure:
     hint = _OOM_HINT if "SIGKILL" in how or "Killed" in how else _UNKNOWN_HINT
-    limit = cgroups.tightest_memory()
-    if limit is not None and (kills := cgroups.oom_kills()):
-        # In a container, dmesg is often out of reach; its cgroup counts the kills itself.
+    kills = cgroups.oom_kills() - _oom_kills_before
+    limit = cgroups.tightest_memory() if kills > 0 else None
+    if limit is not None:
+        # In a container dmesg is often out of reach, and DataLoader may only say "exited
+        # unexpectedly"; the cgroup counts the kills itself.
         hint = (
-            f"this process's memory cgroup (limit {limit.limit / 2**30:.1f} GiB at {limit.path}) "
-            f"has recorded {kills} kill(s) by the out-of-memory killer: use fewer n_workers or a "
-            "smaller batch_size, or give the container more memory"
+            f"the out-of-memory killer killed {kills} process(es) of this memory cgroup (limit "
+            f"{limit.limit / 2**30:.1f} GiB at {limit.path}) since the workers started: use "
+            "fewer n_workers or a smaller batch_size, or raise the limit (docker run --memory, "
+            "a pod's limits.memory, SLURM's --mem)"
         )
     return LoaderFailure(f"loader={loader}: a worker process (pid {pid}) died: {how}; {hint}")
 
