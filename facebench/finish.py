@@ -33,6 +33,16 @@ from facebench.loaders.shared import Batch
 _MAX_CPU_THREADS = 4
 Ready = tuple[torch.Tensor, torch.Tensor]  # images and labels, as the model takes them
 
+# Batches a CPU device's loop finishes ahead of the one it hands on (each still holds its
+# loader's buffer, a worker's shared memory among them).
+AHEAD = 2
+
+
+def batches_held(device: torch.device, host_only: bool) -> int:
+    """The loader's batches the epoch loop holds at once: the one in its hands, and on a CPU
+    device those it finishes ahead (a GPU run's host side, or host_only, finishes none)."""
+    return 1 + (AHEAD if device.type == "cpu" and not host_only else 0)
+
 
 class Finisher:
     """Batch -> (images, labels) on the device, images as the model takes them, in the loop.
@@ -82,7 +92,7 @@ _FREE_BUFFERS: queue.SimpleQueue[torch.Tensor] = queue.SimpleQueue()
 
 
 def finished_ahead_on_cpu(
-    batches: Iterable[Batch], n_threads: int, ahead: int = 2, geometry: Geometry = ARTICLE
+    batches: Iterable[Batch], n_threads: int, ahead: int = AHEAD, geometry: Geometry = ARTICLE
 ) -> Iterator[tuple[Batch, Ready]]:
     """(batch, (images, labels)) for each batch, uint8 ones cropped and normalized by n_threads
     threads up to `ahead` batches before the loop asks; float ones passed on as they are.

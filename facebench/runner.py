@@ -17,6 +17,7 @@ from facebench import loaders, per_host, stages
 from facebench.config import TrainConfig
 from facebench.data.job_data import JobData, list_data
 from facebench.errors import Interrupted, TrackingLost, interruption
+from facebench.finish import batches_held
 from facebench.job import Job
 from facebench.loaders.shared import LoaderContext
 from facebench.loaders.spec import LoaderSpec
@@ -96,7 +97,8 @@ def _get_ready(cfg: TrainConfig, job: Job, results: JobResults) -> _Ready:
         results.metrics.update(data.metrics())
         loader = loaders.get(cfg.loader.name)
         ctx = loaders.context(cfg, loader, data.listing, job.device, job.world)
-        results.metrics.update(loaders.set_up(cfg, loader, ctx, job.world))
+        held = batches_held(job.device, cfg.host_only or job.accelerator is not None)
+        results.metrics.update(loaders.set_up(cfg, loader, ctx, job.world, loop_holds=held))
     except BaseException as error:
         stop = interruption(error)
         if stop is None:

@@ -8,7 +8,7 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 
-from facebench import loaders, stages
+from facebench import loaders, shared_memory, stages
 from facebench.config import AdviseConfig, TrainConfig
 from facebench.data.job_data import JobData
 from facebench.epoch import EpochSettings, run_epoch
@@ -87,7 +87,7 @@ def measure_loader(
     cfg = with_loader(cfg, name, model="none", host_only=True)
     spec = loaders.get(name)
     ctx = loaders.context(cfg, spec, data.listing, job.device)
-    loaders.set_up(cfg, spec, ctx, job.world)
+    loaders.set_up(cfg, spec, ctx, job.world)  # shared memory: per worker count, below
     manifest = Manifest.read(ctx.shards_dir) if spec.shard_format is not None else None
     if manifest is not None:
         measured.prepare_s = manifest.prepare_s  # as long as building took, now or before
@@ -97,6 +97,16 @@ def measure_loader(
         per_run = min(RUN_S[1], max(RUN_S[0], left / max(1, len(counts) - index)))
         if left < per_run:
             measured.note = f"budget spent before n_workers={workers}"
+            break
+        # Host side: the loop holds the one batch in its hands.
+        in_flight = loaders.in_flight(name, spec, replace(ctx, n_workers=workers), loop_holds=1)
+        room = shared_memory.space()
+        if in_flight is not None and not in_flight.fits(room):
+            # More workers would need more: the counts left are skipped too.
+            measured.note = (
+                f"shared memory too small from n_workers={workers}: {in_flight.describe()}, "
+                f"but {room.describe()}"
+            )
             break
         settings = EpochSettings(
             job.device,
@@ -128,7 +138,8 @@ def shortfall(
         return measured.note or "not measured"
     scaling = _scaling(measured, ceiling, cores)
     costly = costly_stage(measured, others or [])
-    return f"{scaling}. {costly}" if costly else scaling
+    text = f"{scaling}. {costly}" if costly else scaling
+    return f"{text}; {measured.note}" if measured.note else text
 
 
 def costly_stage(measured: Measured, others: list[Measured]) -> str:

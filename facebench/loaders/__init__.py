@@ -14,7 +14,8 @@ import importlib
 import torch
 from hydra.core.config_store import ConfigStore
 
-from facebench.config import TrainConfig
+from facebench import shared_memory
+from facebench.config import TrainConfig, Workers
 from facebench.data.listing import Listing
 from facebench.data.location import data_layout
 from facebench.data.transforms import Geometry, article_transform
@@ -22,9 +23,10 @@ from facebench.distributed import World, barrier
 from facebench.errors import ConfigError
 from facebench.loaders.failures import count_oom_kills_from_now
 from facebench.loaders.shared import LoaderContext
-from facebench.loaders.spec import LoaderSpec
+from facebench.loaders.spec import Handover, LoaderSpec
 from facebench.paths import PROJECT_ROOT, cache_dir, shards_root
 from facebench.resources import check_workers
+from facebench.shared_memory import InFlight
 
 CONFIGS = PROJECT_ROOT / "conf" / "loader"
 _registered: dict[str, LoaderSpec] = {}
@@ -64,11 +66,17 @@ def refuse_unknown(requested: list[str], key: str) -> None:
 
 
 def set_up(
-    cfg: TrainConfig, spec: LoaderSpec, ctx: LoaderContext, world: World
+    cfg: TrainConfig,
+    spec: LoaderSpec,
+    ctx: LoaderContext,
+    world: World,
+    loop_holds: int | None = None,
 ) -> dict[str, float]:
     """The loader's setup, once per job, outside the clock: its library checked first, its
-    shards built if missing; then the check that its workers fit this machine. Rank 0 first:
-    it builds what the others then reuse. Its metrics (the shards' build time, say)."""
+    shards built if missing; then the checks that its workers fit this machine: memory, and,
+    given what the epoch loop holds (`loop_holds` batches), the shared memory their batches
+    cross (advise checks each worker count itself). Rank 0 first: it builds what the others
+    then reuse. Its metrics (the shards' build time, say)."""
     spec.require(cfg.loader.name)
     metrics = spec.set_up_job(ctx)
     if world.is_main:
@@ -80,8 +88,47 @@ def set_up(
         processes_per_machine=world.local_world_size,
         enabled=cfg.resource_check,
     )
+    if loop_holds is not None:
+        batches = in_flight(cfg.loader.name, spec, ctx, loop_holds)
+        shared_memory.check(batches, threaded(), enabled=cfg.resource_check)
     count_oom_kills_from_now()
     return metrics
+
+
+def in_flight(name: str, spec: LoaderSpec, ctx: LoaderContext, loop_holds: int) -> InFlight | None:
+    """What the loader's worker processes have in shared memory at once, from its traits
+    (what it hands over, whether its workers are processes), the run's settings and the batches
+    the epoch loop holds; None for a loader whose workers are threads, or with no workers."""
+    traits = spec.traits_for(ctx.options)
+    if traits.workers != Workers.process or ctx.n_workers == 0:
+        return None
+    if traits.handover == Handover.normalized:
+        crop = ctx.geometry.cropped
+        image_bytes, kind = 4 * 3 * crop[0] * crop[1], f"float32 3x{crop[0]}x{crop[1]}"
+    else:
+        side = ctx.geometry.resized
+        image_bytes, kind = side[0] * side[1] * 3, f"uint8 {side[0]}x{side[1]}x3"
+    received = spec.received_ahead(ctx) if spec.received_ahead else 0
+    return InFlight(
+        loader=name,
+        n_workers=ctx.n_workers,
+        prefetch_factor=ctx.options.prefetch_factor,
+        extra=loop_holds + received,
+        batch_size=ctx.batch_size,
+        image_bytes=image_bytes,
+        kind=kind,
+        ranks=ctx.world.local_world_size,
+        thread_option="loader.method=thread" if hasattr(ctx.options, "method") else "",
+    )
+
+
+def threaded() -> list[str]:
+    """The loaders whose workers are threads of the loop's process (no shared memory)."""
+    return [
+        name
+        for name in names(real_only=True)
+        if get(name).available() and get(name).traits_for().workers != Workers.process
+    ]
 
 
 def register(name: str, spec: LoaderSpec) -> None:

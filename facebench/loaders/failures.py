@@ -18,7 +18,7 @@ from typing import Any
 
 from torch.utils.data._utils import signal_handling
 
-from facebench import cgroups
+from facebench import cgroups, shared_memory
 from facebench.errors import LoaderFailure
 
 _KILLED = re.compile(r"DataLoader worker \(pid (\d+)\) is killed by signal: (.+?)\.")
@@ -99,6 +99,8 @@ def explain(error: BaseException, loader: str) -> LoaderFailure | None:
     text = str(error)
     if "Too many open files" in text:
         return too_many_open_files(loader)
+    if "unable to allocate shared memory" in text:  # torch's words, in a worker's traceback
+        return shared_memory.ran_out(loader)
     if killed := _KILLED.search(text):
         return worker_died(loader, killed.group(1), f"killed by signal ({killed.group(2)})")
     if exited := _EXITED.search(text):

@@ -72,11 +72,13 @@ class ToRecords:
 
 
 class LoadBatch:
-    """(index, record) pairs -> one Batch; picklable for process workers."""
+    """(index, record) pairs -> one Batch; picklable for process workers, which hand it over
+    in shared memory (`shared.in_shared_memory`: a failure there reaches the loop)."""
 
-    def __init__(self, stage: DecodeStage, plan: EpochPlan) -> None:
+    def __init__(self, stage: DecodeStage, plan: EpochPlan, in_process: bool = False) -> None:
         self.stage = stage
         self.plan = plan
+        self.in_process = in_process
 
     def __call__(self, batch: list[tuple[int, Record]]) -> Batch:
         ids = torch.tensor([i for i, _ in batch])
@@ -86,7 +88,8 @@ class LoadBatch:
             torch.manual_seed(int(batch_rng(self.plan.seed, ids).integers(2**62)))
         samples = [self.stage.from_file(record) for _, record in batch]
         labels = torch.tensor([record.label for _, record in batch])
-        return self.stage.batch(samples, labels, ids)
+        made = self.stage.batch(samples, labels, ids)
+        return shared.in_shared_memory(made) if self.in_process else made
 
 
 def worker_memory(ctx: LoaderContext) -> int:
@@ -99,7 +102,8 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
     node = SamplerWrapper(PlanSampler(plan))  # this rank's share of the epoch's order
     node = Batcher(node, batch_size=ctx.batch_size, drop_last=True)
     node = Mapper(node, map_fn=ToRecords(ctx.records))
-    load = LoadBatch(DecodeStage.of(ctx), plan)
+    in_process = ctx.n_workers > 0 and options.method == Workers.process
+    load = LoadBatch(DecodeStage.of(ctx), plan, in_process)
     if ctx.n_workers > 0:
         node = ParallelMapper(
             node, map_fn=load, num_workers=ctx.n_workers, method=options.method, in_order=True
@@ -236,5 +240,9 @@ class Watched:
 
 
 LOADER = LoaderSpec(
-    options=Options, build=build, worker_memory=worker_memory, traits=decoder_traits()
+    options=Options,
+    build=build,
+    worker_memory=worker_memory,
+    traits=decoder_traits(),
+    received_ahead=lambda ctx: ctx.options.prefetch_factor,  # its Prefetcher
 )

@@ -8,7 +8,14 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, default_collate
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    Sampler,
+    default_collate,
+    get_worker_info,
+)
 
 from facebench import stages
 from facebench.config import LoaderConfig
@@ -43,9 +50,27 @@ class Batch(NamedTuple):
 
 def stamped(batch: Batch, collate_started: int) -> Batch:
     """The batch with its producer's stage times, the time since `collate_started` (a
-    `stages.now()` reading taken as its assembly began) counted as collate."""
+    `stages.now()` reading taken as its assembly began) counted as collate; in a DataLoader
+    worker, in shared memory (`in_shared_memory`)."""
+    if get_worker_info() is not None:
+        batch = in_shared_memory(batch)
     stages.lap(stages.COLLATE, collate_started)
     return batch._replace(stages=stages.take())
+
+
+def in_shared_memory(batch: Batch) -> Batch:
+    """Every tensor of the batch in shared memory, as a worker process hands it over.
+
+    A tensor not yet there is moved when the batch is sent, by the queue's feeder thread, which
+    only prints an error there and drops the batch: with /dev/shm full the loop would wait for
+    it forever. Moved here, in the worker's own code, the error reaches the loop (DataLoader,
+    torchdata.nodes and LitData forward a worker's exceptions). default_collate already puts
+    what it builds there; for those tensors this costs nothing."""
+    tensors = [batch.images, batch.labels, batch.ids, batch.offsets, *(batch.jpegs or ())]
+    for tensor in tensors:
+        if tensor is not None:
+            tensor.share_memory_()
+    return batch
 
 
 def stack(samples: list[torch.Tensor] | list[Any]) -> torch.Tensor:
