@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,9 @@ SHM = Path("/dev/shm")
 MIB = 2**20
 _DOCKER_STEP = 64 * MIB  # --shm-size is suggested in steps of Docker's own default
 _HEADROOM = 1.25  # for what else uses /dev/shm meanwhile (torch's own, other processes)
+_PAGE = 4096
+# A batch's labels, ids and crop offsets: int64s, each tensor a file of whole pages of its own.
+_SMALL_PER_IMAGE, _SMALL_FILES = 4 * 8, 3
 
 
 @dataclass(frozen=True)
@@ -52,22 +56,23 @@ class InFlight:
 
     loader: str
     n_workers: int
-    prefetch_factor: int
-    extra: int  # beyond n_workers x prefetch_factor: held by the loop, received ahead
+    per_worker: int  # batches each worker has ready (DataLoader's: prefetch_factor)
+    extra: int  # beyond the workers': held by the loop, received ahead
     batch_size: int
     image_bytes: int  # one image as handed over
     kind: str  # "float32 3x100x100", for the message
     ranks: int = 1  # processes on this machine, each with its own workers
     # What changes the loader's workers to threads, where it has that choice.
     thread_option: str = ""
+    shallow: int | None = None  # the batches with loader.prefetch_factor=1
 
     @property
     def batches(self) -> int:
-        return self.n_workers * self.prefetch_factor + self.extra
+        return self.n_workers * self.per_worker + self.extra
 
     @property
     def batch_bytes(self) -> int:
-        return self.batch_size * self.image_bytes
+        return _bytes(self.batch_size, self.image_bytes)
 
     @property
     def need(self) -> int:
@@ -75,6 +80,9 @@ class InFlight:
 
     def fits(self, room: Space | None) -> bool:
         return room is None or self.need <= room.free
+
+    def batches_fitting(self, free: int) -> int:
+        return free // (self.ranks * self.batch_bytes)
 
     def describe(self) -> str:
         many = self.n_workers > 1
@@ -88,15 +96,23 @@ class InFlight:
         )
 
 
+def _bytes(batch_size: int, image_bytes: int) -> int:
+    small = math.ceil(batch_size * _SMALL_PER_IMAGE / _PAGE) * _PAGE * _SMALL_FILES
+    return batch_size * image_bytes + small
+
+
 # The last check's estimate and suggestions, named again if the run runs out after all.
 _expected: InFlight | None = None
-_threaded: list[str] = []
+_threaded: Callable[[], list[str]] = list
 
 
-def check(in_flight: InFlight | None, threaded: list[str], enabled: bool = True) -> None:
+def check(
+    in_flight: InFlight | None, threaded: Callable[[], list[str]], enabled: bool = True
+) -> None:
     """Refuse, in one line naming both numbers and what to change, batches that do not fit.
 
-    threaded: loaders whose workers are threads (they need no shared memory), to suggest."""
+    threaded: the loaders whose workers are threads (they need no shared memory), to suggest;
+    asked only when refusing."""
     global _expected, _threaded
     _expected, _threaded = in_flight, threaded
     room = space()
@@ -104,33 +120,45 @@ def check(in_flight: InFlight | None, threaded: list[str], enabled: bool = True)
         return
     raise ConfigError(
         f"loader={in_flight.loader}: {in_flight.describe()}, but {room.describe()}. "
-        f"{remedies(in_flight, room, threaded)}; resource_check=false starts it anyway"
+        f"{remedies(in_flight, room, threaded())}; resource_check=false starts it anyway"
     )
 
 
 def remedies(
     in_flight: InFlight, room: Space, threaded: list[str], first: str = "Give it more"
 ) -> str:
-    """What to change, each with the value that fits where one does."""
-    size = math.ceil(in_flight.need * _HEADROOM / _DOCKER_STEP) * _DOCKER_STEP
+    """What to change, each with a value that fits `room` where one does: a --shm-size for what
+    else is in it and this run's batches, a batch_size, n_workers or prefetch_factor."""
+    used = room.total - room.free
+    size = math.ceil((used + in_flight.need) * _HEADROOM / _DOCKER_STEP) * _DOCKER_STEP
     said = [
         f"{first}: docker run --shm-size={size // MIB}m (a Kubernetes pod: an emptyDir with "
         "medium: Memory mounted at /dev/shm)"
     ]
-    per_batch = in_flight.ranks * in_flight.batches * in_flight.image_bytes
-    if 0 < room.free // per_batch < in_flight.batch_size:
-        said.append(f"batch_size={room.free // per_batch} or smaller")
-    batches = room.free // (in_flight.ranks * in_flight.batch_bytes)
-    workers = (batches - in_flight.extra) // in_flight.prefetch_factor
+    room_per_batch = room.free // (in_flight.ranks * in_flight.batches)
+    batch_size = room_per_batch // in_flight.image_bytes
+    while batch_size > 0 and _bytes(batch_size, in_flight.image_bytes) > room_per_batch:
+        batch_size -= 1  # its labels, ids and offsets too
+    if 0 < batch_size < in_flight.batch_size:
+        said.append(f"batch_size={batch_size} or smaller")
+    batches = in_flight.batches_fitting(room.free)
+    workers = (batches - in_flight.extra) // in_flight.per_worker
     if 0 < workers < in_flight.n_workers:
         said.append(f"n_workers={workers}")
-    if in_flight.prefetch_factor > 1 and in_flight.n_workers + in_flight.extra <= batches:
+    shallow = in_flight.shallow
+    if shallow is not None and shallow < in_flight.batches and shallow <= batches:
         said.append("loader.prefetch_factor=1")
     threads = [in_flight.thread_option] if in_flight.thread_option else []
     threads += [f"loader={name}" for name in threaded]
     if threads:
         said.append(f"workers that are threads ({', '.join(threads)})")
     return ", or ".join(said)
+
+
+def full() -> bool:
+    """Whether /dev/shm has a MiB or less free: too little for the next batch or semaphore."""
+    room = space()
+    return room is not None and room.free <= MIB
 
 
 def ran_out(loader: str) -> LoaderFailure:
@@ -147,17 +175,15 @@ def ran_out(loader: str) -> LoaderFailure:
             f"{head}: {held}. Give it more (docker run --shm-size), or use a smaller "
             "batch_size, fewer n_workers or loader.prefetch_factor, or workers that are threads"
         )
-    # What a run would have with /dev/shm to itself: its whole size.
-    whole = Space(room.path, room.total, room.total)
+    whole = Space(room.path, room.total, room.total)  # /dev/shm to itself
     if not expected.fits(whole):
-        why, first = f"and {expected.describe()}", "Give it more"
-    else:
-        why = (
-            f"room for the {mib(expected.need)} its batches need at most, so another process "
-            f"filled it (`ls -la {room.path}` shows what is there)"
-        )
-        first = "Free it, or give it more"
-    return LoaderFailure(f"{head}: {held}, {why}. {remedies(expected, whole, _threaded, first)}")
+        said = remedies(expected, whole, _threaded())
+        return LoaderFailure(f"{head}: {held}, and {expected.describe()}. {said}")
+    said = remedies(expected, room, _threaded(), first="Free it, or give it more")
+    return LoaderFailure(
+        f"{head}: {held}, room for the {mib(expected.need)} its batches need at most, so "
+        f"another process filled it (`ls -la {room.path}` shows what is there). {said}"
+    )
 
 
 def mib(size: int) -> str:

@@ -58,6 +58,21 @@ def test_a_loader_that_falls_short_says_why():
     assert "the closest is dataset, at 40% with 4 workers" in advice.verdict()
 
 
+def test_loaders_shared_memory_cannot_hold_are_not_blamed_on_the_budget():
+    from facebench.advise.measure import SHM_NOTE
+
+    note = f"{SHM_NOTE} from n_workers=1: its 1 worker process hands ..., but /dev/shm has ..."
+    skipped = [Measured("dataset", note=note), Measured("pickle", note=note)]
+    verdict = _advice(*skipped).verdict()
+    assert verdict.startswith("Nothing was measured: shared memory (/dev/shm) cannot hold")
+    assert "budget_s" not in verdict
+    rows = {row[0]: row for row in _advice(*skipped).rows()}
+    assert rows["dataset"][7] == note  # why not
+    # One measured, others skipped: the table says why for those, the answer is the measured.
+    measured = Measured("raw", rates={1: 5000.0}, note="")
+    assert _advice(measured, *skipped).verdict().startswith("Use loader=raw n_workers=1")
+
+
 def test_worker_counts_double_up_to_the_cores(monkeypatch):
     monkeypatch.setattr("facebench.advise.measure.usable_cores", lambda: 16)
     assert worker_counts([]) == [1, 2, 4, 8, 16]

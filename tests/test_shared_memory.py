@@ -30,47 +30,98 @@ PROCESS = [name for name in INSTALLED if TRAITS[name].workers == Workers.process
 RUN = ["model=none", "n_workers=2", "batch_size=600", "data.n_images=6000", "device=cpu"]
 
 
-def expected_need(name: str) -> int:
+def small(batch_size: int) -> int:
+    """A batch's labels, ids and crop offsets: three int64 tensors (offsets two per image),
+    each in a file of whole 4 KiB pages."""
+    return 3 * -(-batch_size * 32 // 4096) * 4096
+
+
+def expected_need(name: str, prefetch: int = 2) -> int:
     """What `name`'s two workers have in shared memory at once with RUN's settings, the obvious
-    way: 2 x prefetch_factor 2 ready batches, the one the loop holds, the two a CPU loop
-    finishes ahead, and those the pipeline keeps received (nodes' Prefetcher: 2)."""
-    spec = loaders.get(name)
-    traits = spec.traits_for()
+    way: 2 x prefetch_factor ready batches (nodes: its ParallelMapper keeps 2 per worker
+    whatever the prefetch), the one the loop holds, the two a CPU loop finishes ahead, and
+    those the pipeline keeps received (nodes' Prefetcher: prefetch_factor)."""
+    traits = loaders.get(name).traits_for()
     image = 4 * 3 * 100 * 100 if traits.handover == Handover.normalized else 112 * 112 * 3
-    received = 2 if spec.received_ahead is not None else 0
-    return (2 * 2 + 1 + AHEAD + received) * 600 * image
+    ready, received = (2, prefetch) if name == "nodes" else (prefetch, 0)
+    return (2 * ready + 1 + AHEAD + received) * (600 * image + small(600))
 
 
 def test_the_refusal_names_both_sizes_and_what_fits(monkeypatch):
-    batch = InFlight("dataset", 2, 2, 3, 600, 4 * 3 * 100 * 100, "float32 3x100x100")
-    assert (batch.batches, batch.need) == (7, 7 * 600 * 120_000)
-    monkeypatch.setattr(shared_memory, "space", lambda: Space(Path("/dev/shm"), 64 * MIB, 60 * MIB))
+    image = 4 * 3 * 100 * 100
+    batch = InFlight("dataset", 2, 2, 3, 600, image, "float32 3x100x100", shallow=5)
+    assert (batch.batches, batch.need) == (7, 7 * (600 * image + small(600)))
+    room = Space(Path("/dev/shm"), 64 * MIB, 60 * MIB)
+    monkeypatch.setattr(shared_memory, "space", lambda: room)
     with pytest.raises(ConfigError) as raised:
-        shared_memory.check(batch, ["raw", "dali"])
+        shared_memory.check(batch, lambda: ["raw", "dali"])
     assert str(raised.value) == (
         "loader=dataset: its 2 worker processes hand batches over through shared memory, up to 7 "
-        "batches of 600 images (float32 3x100x100, 68.7 MiB each) at once: about 480.7 MiB, but "
+        "batches of 600 images (float32 3x100x100, 68.7 MiB each) at once: about 481.1 MiB, but "
         "/dev/shm has 60.0 MiB free (of 64.0 MiB). Give it more: docker run --shm-size=640m (a "
         "Kubernetes pod: an emptyDir with medium: Memory mounted at /dev/shm), or batch_size=74 "
         "or smaller, or workers that are threads (loader=raw, loader=dali); resource_check=false "
         "starts it anyway"
     )
-    # 74 images a batch do fit; with room for 6 batches of 600, fewer workers and a shallower
-    # prefetch are named too.
-    assert batch.__class__(**{**batch.__dict__, "batch_size": 74}).fits(
-        Space(Path("/dev/shm"), 64 * MIB, 60 * MIB)
-    )
+    # The largest batch named fits, and the next does not.
+    assert InFlight("dataset", 2, 2, 3, 74, image, "x").fits(room)
+    assert not InFlight("dataset", 2, 2, 3, 75, image, "x").fits(room)
+    # With room for 6 batches of 600: fewer workers, and a shallower prefetch where it is fewer.
     roomy = Space(Path("/dev/shm"), 500 * MIB, 420 * MIB)
-    three = InFlight("nodes", 3, 2, 3, 600, 120_000, "x", thread_option="loader.method=thread")
+    three = InFlight("dataset", 3, 2, 3, 600, image, "x", shallow=6)
     said = shared_memory.remedies(three, roomy, ["raw"])
     assert "n_workers=1" in said and "loader.prefetch_factor=1" in said
+    nodes = InFlight("nodes", 3, 2, 3, 600, image, "x", thread_option="loader.method=thread")
+    said = shared_memory.remedies(nodes, roomy, ["raw"])
+    assert "loader.prefetch_factor=1" not in said  # not given: it would not be fewer
     assert "workers that are threads (loader.method=thread, loader=raw)" in said
+    # --shm-size counts what else is in /dev/shm: 300 MiB used here, by others.
+    crowded = Space(Path("/dev/shm"), 400 * MIB, 100 * MIB)
+    assert "--shm-size=1024m" in shared_memory.remedies(batch, crowded, [])  # (300 + 481) x 1.25
     # Ranks on one machine share its /dev/shm.
-    ranks = InFlight("raw", 2, 2, 1, 600, 120_000, "x", ranks=4)
-    assert ranks.need == 4 * 5 * 600 * 120_000
-    assert ranks.describe().endswith("at once per rank: about 1,373.3 MiB in all")
-    shared_memory.check(batch, [], enabled=False)  # resource_check=false: no refusal
-    shared_memory.check(None, [])  # a loader without worker processes: nothing to check
+    ranks = InFlight("nodes", 2, 2, 1, 600, image, "x", ranks=4)
+    assert ranks.need == 4 * 5 * (600 * image + small(600))
+    assert ranks.describe().endswith("at once per rank: about 1,374.5 MiB in all")
+    shared_memory.check(batch, list, enabled=False)  # resource_check=false: no refusal
+    shared_memory.check(None, list)  # a loader without worker processes: nothing to check
+
+
+def test_running_out_past_the_check_says_why(monkeypatch):
+    from facebench.loaders.failures import explain
+
+    image = 112 * 112 * 3
+    batch = InFlight("nodes", 2, 2, 5, 600, image, "uint8 112x112x3")
+    whole = Space(Path("/dev/shm"), 48 * MIB, 4 * MIB)
+    monkeypatch.setattr(shared_memory, "space", lambda: whole)
+    shared_memory.check(batch, lambda: ["raw"], enabled=False)  # resource_check=false
+    torch_said = RuntimeError(
+        "Caught RuntimeError in _apply_udf.\nOriginal Traceback (most recent call last):\n"
+        "RuntimeError: unable to allocate shared memory(shm) for file </torch_1_2_3>: No space "
+        "left on device (28)"
+    )
+    assert str(explain(torch_said, "nodes")) == (
+        "loader=nodes: its workers ran out of shared memory for a batch: /dev/shm holds 48.0 MiB "
+        "(4.0 MiB free now), and its 2 worker processes hand batches over through shared "
+        "memory, up to 9 batches of 600 images (uint8 112x112x3, 21.6 MiB each) at once: about "
+        "194.3 MiB. Give it more: docker run --shm-size=256m (a Kubernetes pod: an emptyDir with "
+        "medium: Memory mounted at /dev/shm), or batch_size=147 or smaller, or workers that are "
+        "threads (loader=raw)"
+    )
+    # Room enough for the run, filled by someone else: said so, and no smaller --shm-size.
+    filled = Space(Path("/dev/shm"), 1024 * MIB, 1 * MIB)
+    monkeypatch.setattr(shared_memory, "space", lambda: filled)
+    said = str(explain(torch_said, "nodes"))
+    assert said.startswith(
+        "loader=nodes: its workers ran out of shared memory for a batch: /dev/shm holds "
+        "1,024.0 MiB (1.0 MiB free now), room for the 194.3 MiB its batches need at most, so "
+        "another process filled it (`ls -la /dev/shm` shows what is there). Free it, or give it "
+        "more: docker run --shm-size=1536m"
+    )
+    # A queue's semaphore that finds /dev/shm full as the workers start: the same one line.
+    no_room = OSError(28, "No space left on device")
+    assert str(explain(no_room, "nodes")).startswith("loader=nodes: its workers ran out of")
+    monkeypatch.setattr(shared_memory, "space", lambda: whole)  # 4 MiB free: a disk, not shm
+    assert explain(no_room, "nodes") is None
 
 
 @pytest.mark.parametrize("name", INSTALLED)
@@ -84,6 +135,13 @@ def test_every_loader_says_what_its_workers_hold(name, make_cfg, synthetic_root)
         assert on_cpu is None  # threads of the loop's own process share its memory
         return
     assert on_cpu.need == expected_need(name)
+    shallow = make_cfg(
+        f"loader={name}", "n_workers=2", "batch_size=600", "loader.prefetch_factor=1"
+    )
+    held = batches_held(ctx.device, host_only=False)
+    one = loaders.in_flight(name, spec, context(shallow, synthetic_root), held)
+    assert one.need == expected_need(name, prefetch=1)
+    assert on_cpu.shallow == one.batches
     # A GPU run's host side (and host_only, and an emulated accelerator) finishes nothing ahead.
     host_side = loaders.in_flight(name, spec, ctx, batches_held(torch.device("cuda"), False))
     assert host_side.batches == on_cpu.batches - AHEAD
@@ -193,7 +251,7 @@ def test_shared_memory_filled_by_another_process_ends_in_one_line(tmp_path, cach
         "tracking=false",
         f"hydra.run.dir={tmp_path}",
     ]
-    output, status = in_small_shm("1g", command, isolated_env, timeout=300)
+    output, status = in_small_shm("256m", command, isolated_env, timeout=300)
     [line] = [line for line in output.splitlines() if "[ERROR]" in line]
     assert status == 1 and "Traceback" not in output
     assert f"loader={name}: its workers ran out of shared memory for a batch: /dev/shm " in line
@@ -225,4 +283,4 @@ def test_advise_skips_what_shared_memory_cannot_hold_and_says_why(tmp_path, cach
     skipped = "shared memory too small from n_workers=1: its 1 worker process hands batches"
     assert skipped in rows["dataset"]
     assert "but /dev/shm has 1.0 MiB free (of 1.0 MiB)" in rows["dataset"]
-    assert "| raw | yes |" in output  # threads: measured, and feeding
+    assert re.search(r"\| raw \| \w+ \| \d+ \| [\d,]+ \(\d\) \|", output)  # threads: measured

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from facebench.advise.measure import HEADROOM, Measured, shortfall
+from facebench.advise.measure import HEADROOM, SHM_NOTE, Measured, shortfall
 from facebench.printable import printable
 from facebench.resources import usable_cores
 from facebench.shards import room
@@ -92,6 +92,12 @@ class Advice:
 
     def verdict(self) -> str:
         if not any(m.rates for m in self.measured):
+            if self.measured and all(m.note.startswith(SHM_NOTE) for m in self.measured):
+                return (
+                    "Nothing was measured: shared memory (/dev/shm) cannot hold the batches of "
+                    "any loader's workers here (see why not). Give it more (docker run "
+                    "--shm-size), or measure smaller batches (batch_size)."
+                )
             return self.nothing_measured()
         fed = [m for m in self.measured if m.fewest_feeding(self.ceiling) is not None]
         if not fed:

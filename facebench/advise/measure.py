@@ -16,6 +16,7 @@ from facebench.job import Job
 from facebench.resources import usable_cores
 from facebench.shards.manifest import Manifest
 
+SHM_NOTE = "shared memory too small"  # how a skip for /dev/shm starts, in the table
 log = logging.getLogger("facebench.advise")
 
 # A loader chosen for the headroom it leaves: at 20% above the device's pace it keeps up when the
@@ -104,8 +105,8 @@ def measure_loader(
         if in_flight is not None and not in_flight.fits(room):
             # More workers would need more: the counts left are skipped too.
             measured.note = (
-                f"shared memory too small from n_workers={workers}: {in_flight.describe()}, "
-                f"but {room.describe()}"
+                f"{SHM_NOTE} from n_workers={workers}: {in_flight.describe()}, but "
+                f"{room.describe()}"
             )
             break
         settings = EpochSettings(

@@ -9,13 +9,14 @@ Adding a loader is one module here and one YAML file in conf/loader/ whose defau
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 import torch
 from hydra.core.config_store import ConfigStore
 
 from facebench import shared_memory
-from facebench.config import TrainConfig, Workers
+from facebench.config import LoaderConfig, TrainConfig, Workers
 from facebench.data.listing import Listing
 from facebench.data.location import data_layout
 from facebench.data.transforms import Geometry, article_transform
@@ -78,6 +79,9 @@ def set_up(
     cross (advise checks each worker count itself). Rank 0 first: it builds what the others
     then reuse. Its metrics (the shards' build time, say)."""
     spec.require(cfg.loader.name)
+    if loop_holds is not None:  # before a shard build: it does not change what is needed
+        batches = in_flight(cfg.loader.name, spec, ctx, loop_holds)
+        shared_memory.check(batches, threaded, enabled=cfg.resource_check)
     metrics = spec.set_up_job(ctx)
     if world.is_main:
         barrier(world)
@@ -88,9 +92,6 @@ def set_up(
         processes_per_machine=world.local_world_size,
         enabled=cfg.resource_check,
     )
-    if loop_holds is not None:
-        batches = in_flight(cfg.loader.name, spec, ctx, loop_holds)
-        shared_memory.check(batches, threaded(), enabled=cfg.resource_check)
     count_oom_kills_from_now()
     return metrics
 
@@ -108,18 +109,28 @@ def in_flight(name: str, spec: LoaderSpec, ctx: LoaderContext, loop_holds: int) 
     else:
         side = ctx.geometry.resized
         image_bytes, kind = side[0] * side[1] * 3, f"uint8 {side[0]}x{side[1]}x3"
-    received = spec.received_ahead(ctx) if spec.received_ahead else 0
+    shallow = dataclasses.replace(ctx.options, prefetch_factor=1)
     return InFlight(
         loader=name,
         n_workers=ctx.n_workers,
-        prefetch_factor=ctx.options.prefetch_factor,
-        extra=loop_holds + received,
+        per_worker=_ready(spec, ctx.options),
+        extra=loop_holds + _received(spec, ctx.options),
         batch_size=ctx.batch_size,
         image_bytes=image_bytes,
         kind=kind,
         ranks=ctx.world.local_world_size,
         thread_option="loader.method=thread" if hasattr(ctx.options, "method") else "",
+        # The same with loader.prefetch_factor=1, where that is fewer.
+        shallow=ctx.n_workers * _ready(spec, shallow) + loop_holds + _received(spec, shallow),
     )
+
+
+def _ready(spec: LoaderSpec, options: LoaderConfig) -> int:
+    return spec.ready_per_worker(options) if spec.ready_per_worker else options.prefetch_factor
+
+
+def _received(spec: LoaderSpec, options: LoaderConfig) -> int:
+    return spec.received_ahead(options) if spec.received_ahead else 0
 
 
 def threaded() -> list[str]:

@@ -94,6 +94,9 @@ def explain(error: BaseException, loader: str) -> LoaderFailure | None:
             f"loader={loader}: the connection to its worker processes broke "
             f"({type(error).__name__}); a worker died: {_UNKNOWN_HINT}"
         )
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC and shared_memory.full():
+        # The queues' semaphores, made in /dev/shm as an epoch's workers start.
+        return shared_memory.ran_out(loader)
     if not isinstance(error, RuntimeError):
         return None
     text = str(error)

@@ -244,5 +244,8 @@ LOADER = LoaderSpec(
     build=build,
     worker_memory=worker_memory,
     traits=decoder_traits(),
-    received_ahead=lambda ctx: ctx.options.prefetch_factor,  # its Prefetcher
+    # ParallelMapper keeps 2 x num_workers batches in flight (torchdata 0.11, no
+    # max_concurrent), whatever prefetch_factor says; its Prefetcher holds prefetch_factor more.
+    ready_per_worker=lambda options: 2,
+    received_ahead=lambda options: options.prefetch_factor,
 )

@@ -67,9 +67,11 @@ class LoaderSpec:
     # Whether its batches carry the worker side's stage times (facebench/stages.py): False where
     # the work runs inside a library that lets none be timed (DALI's executor) or there is none.
     stage_times: bool = True
-    # Batches it keeps received from its workers, ahead of the loop (torchdata.nodes'
-    # Prefetcher): with the workers' own, what their shared memory must hold at once.
-    received_ahead: Callable[[LoaderContext], int] | None = None
+    # What its worker processes' shared memory holds at once, in batches (facebench/shared_memory):
+    # each worker's ready ones (None: loader.prefetch_factor, as DataLoader's), and those it
+    # keeps received ahead of the loop (torchdata.nodes' Prefetcher).
+    ready_per_worker: Callable[[LoaderConfig], int] | None = None
+    received_ahead: Callable[[LoaderConfig], int] | None = None
 
     def traits_for(self, options: LoaderConfig | None = None) -> Traits:
         """Its traits with these options (its defaults when none are given)."""
