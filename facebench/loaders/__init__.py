@@ -79,9 +79,6 @@ def set_up(
     cross (advise checks each worker count itself). Rank 0 first: it builds what the others
     then reuse. Its metrics (the shards' build time, say)."""
     spec.require(cfg.loader.name)
-    if loop_holds is not None:  # before a shard build: it does not change what is needed
-        batches = in_flight(cfg.loader.name, spec, ctx, loop_holds)
-        shared_memory.check(batches, threaded, enabled=cfg.resource_check)
     metrics = spec.set_up_job(ctx)
     if world.is_main:
         barrier(world)
@@ -92,6 +89,9 @@ def set_up(
         processes_per_machine=world.local_world_size,
         enabled=cfg.resource_check,
     )
+    if loop_holds is not None:  # after the memory's check: more workers than memory come first
+        batches = in_flight(cfg.loader.name, spec, ctx, loop_holds)
+        shared_memory.check(batches, threaded, enabled=cfg.resource_check)
     count_oom_kills_from_now()
     return metrics
 
