@@ -26,8 +26,8 @@ from tests.helpers import LOADERS, TRAITS
 FILL = Path(__file__).with_name("fill_shm.py")
 INSTALLED = [name for name in LOADERS if loaders.get(name).available()]
 PROCESS = [name for name in INSTALLED if TRAITS[name].workers == Workers.process]
-# Batch 600 of the default set, two workers, loader only on the CPU: as the issue ran them.
-RUN = ["model=none", "n_workers=2", "batch_size=600", "data.n_images=6000", "device=cpu"]
+# Batch 600, two workers, loader only on the CPU, as the issue ran them; a batch for each worker.
+RUN = ["model=none", "n_workers=2", "batch_size=600", "data.n_images=1200", "device=cpu"]
 
 
 def small(batch_size: int) -> int:
@@ -218,13 +218,14 @@ def test_in_48_mb_every_loader_is_refused_in_one_line_or_runs(tmp_path, cache, i
         assert 47 < float(free) <= 48, line
         assert "docker run --shm-size=" in line and "resource_check=false" in line
     for name in set(INSTALLED) - set(PROCESS):  # threads: no shared memory to run out of
-        assert jobs[name]["status"] == "FINISHED" and jobs[name]["metrics"]["samples_seen"] == 6000
+        assert jobs[name]["status"] == "FINISHED" and jobs[name]["metrics"]["samples_seen"] == 1200
     assert status == 1
 
 
 @pytest.mark.slow
 def test_past_the_check_running_out_ends_in_one_line(tmp_path, cache, isolated_env):
-    overrides = ("resource_check=false",)
+    # 10 batches: uint8 loaders fit two of theirs (21.6 MiB) in 48 MB, and must meet the limit.
+    overrides = ("resource_check=false", "data.n_images=6000")
     command = sweep(tmp_path, cache, *overrides, f"loader={','.join(PROCESS)}")
     output, status = in_small_shm("48m", command, isolated_env, timeout=400)
     failed = errors(output)
