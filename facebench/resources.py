@@ -68,14 +68,7 @@ def allowance() -> Allowance:
     """Cores: those this process may run on (affinity: taskset, cpusets), fewer where a CPU
     quota allows less time. Memory: the host's available memory, less where a cgroup's limit
     leaves less (its limit less what its processes already hold)."""
-    cores = _affinity()
-    cpus = float(cores)
-    quota = _quota()
-    cores_limit = ""
-    if quota is not None and quota.cpus < cores:
-        cores, cpus = min(cores, quota.cores), quota.cpus
-        cores_limit = f"cgroup CPU quota {quota.cpus:g} CPU{'' if quota.cpus == 1 else 's'}"
-        cores_limit += f" at {quota.path}"
+    cores, cpus, cores_limit = _cpu()
     memory = psutil.virtual_memory().available
     limit = cgroups.tightest_memory()
     if limit is None or limit.free >= memory:
@@ -86,9 +79,22 @@ def allowance() -> Allowance:
 
 def usable_cores() -> int:
     """The cores this process may use: its affinity, capped by a container's CPU quota."""
+    return _cpu()[0]
+
+
+def usable_cpus() -> float:
+    """CPUs' worth of time this process may use: its cores, or a quota's fraction of them."""
+    return _cpu()[1]
+
+
+def _cpu() -> tuple[int, float, str]:
+    """(whole cores, CPUs' worth of time, the quota that set them or "")."""
     cores = _affinity()
     quota = _quota()
-    return min(cores, quota.cores) if quota is not None else cores
+    if quota is None or quota.cpus >= cores:
+        return cores, float(cores), ""
+    plural = "" if quota.cpus == 1 else "s"
+    return quota.cores, quota.cpus, f"cgroup CPU quota {quota.cpus:g} CPU{plural} at {quota.path}"
 
 
 def gib(size: int) -> str:

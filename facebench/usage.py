@@ -22,7 +22,7 @@ import numpy as np
 import psutil
 import torch
 
-from facebench.resources import allowance
+from facebench.resources import usable_cpus
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class UsageMonitor:
         self._start_counters: Counters | None = None
         self._last: dict[int, Counters] = {}  # each process's latest counters
         self._wall_start = 0.0
-        self._cpus = allowance().cpus  # a quota's 1.5 CPUs, not 2 cores
+        self._cpus = usable_cpus()  # a quota's 1.5 CPUs, not 2 cores
 
     def open_gpu(self) -> None:
         """Find the GPU in NVML (slow the first time): call before the epoch clock starts."""
