@@ -56,6 +56,7 @@ OnBadSample = StrEnum("OnBadSample", {"raise": "raise", "skip": "skip"})
 class Decoder(StrEnum):
     torchvision = "torchvision"  # torchvision.io and batched tensor transforms
     pil = "pil"  # the article's PIL transform, per sample
+    fast = "fast"  # libspng and libjpeg-turbo called directly, PIL's pixels; uint8 as torchvision
 
 
 class Workers(StrEnum):

@@ -68,15 +68,18 @@ class StageTimes:
     stage_cpu_ns: tuple[int, ...]
     cpu_ns: int
     producer: tuple[int, int]
+    # Images decoded by PIL because the chosen fast decoder could not give PIL's pixels.
+    fallbacks: int = 0
 
 
 class _Tally:
-    __slots__ = ("ns", "stage_cpu", "cpu_mark")
+    __slots__ = ("ns", "stage_cpu", "cpu_mark", "fallbacks")
 
     def __init__(self, cpu_mark: int) -> None:
         self.ns = [0] * len(WORKER_STAGES)
         self.stage_cpu = [0] * len(WORKER_STAGES)
         self.cpu_mark = cpu_mark
+        self.fallbacks = 0
 
 
 def _in_child() -> bool:
@@ -122,6 +125,13 @@ def lap(stage: int, since: Mark) -> Mark:
     return t
 
 
+def fallback() -> None:
+    """Count one image that the chosen decoder handed to PIL (decoder=fast: a CMYK JPEG, a
+    16-bit PNG); it travels with the batch, as the stage times do."""
+    if _enabled:
+        _tally().fallbacks += 1
+
+
 def take() -> StageTimes | None:
     """This thread's stage times since its last take, for the batch it just assembled; None
     when timing is off."""
@@ -134,11 +144,28 @@ def take() -> StageTimes | None:
         tuple(tally.stage_cpu),
         cpu - tally.cpu_mark,
         (os.getpid(), threading.get_ident()),
+        tally.fallbacks,
     )
+    tally.fallbacks = 0
     tally.ns = [0] * len(WORKER_STAGES)
     tally.stage_cpu = [0] * len(WORKER_STAGES)
     tally.cpu_mark = cpu
     return times
+
+
+def merge(parts: Iterable[StageTimes | None]) -> StageTimes | None:
+    """The times several threads spent on one batch (each sample's decoding thread, then the
+    collating one), as the batch's: their sums, produced by the first of them."""
+    known = [times for times in parts if times is not None]
+    if not known:
+        return None
+    return StageTimes(
+        tuple(sum(values) for values in zip(*(t.ns for t in known), strict=True)),
+        tuple(sum(values) for values in zip(*(t.stage_cpu_ns for t in known), strict=True)),
+        sum(times.cpu_ns for times in known),
+        known[0].producer,
+        sum(times.fallbacks for times in known),
+    )
 
 
 def begin_epoch(on: bool) -> StageTotals:
@@ -170,6 +197,7 @@ class StageTotals:
     stage_cpu_ns: list[int] = field(default_factory=lambda: [0] * len(WORKER_STAGES))
     worker_cpu_ns: int = 0
     timed_batches: int = 0
+    fallbacks: int = 0
     main_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(MAIN_STAGES, 0.0))
     enabled: bool = True  # False: stage_times=false, nothing to report
 
@@ -181,6 +209,7 @@ class StageTotals:
             self.stage_cpu_ns[index] += cpu
         self.worker_cpu_ns += times.cpu_ns
         self.timed_batches += 1
+        self.fallbacks += times.fallbacks
 
     def metrics(self, images: int, epoch_time_s: float) -> dict[str, float]:
         """Per image, for every worker stage: stage_<name>_cpu_us (CPU time) and its share of
@@ -204,6 +233,7 @@ class StageTotals:
             metrics["stage_worker_cpu_us"] = self.worker_cpu_ns / 1e3 / images
             if self.worker_cpu_ns > 0:
                 metrics["stage_worker_coverage"] = worker_total / self.worker_cpu_ns
+            metrics["decode_fallbacks"] = float(self.fallbacks)
         for name, seconds in self.main_s.items():
             metrics[f"stage_{name}_us"] = seconds * 1e6 / images
             metrics[f"stage_{name}_frac"] = seconds / epoch_time_s
@@ -242,8 +272,10 @@ def describe(metrics: Mapping[str, float]) -> str | None:
     )
     cpu = metrics.get("stage_worker_cpu_us", 0.0)
     waited = metrics.get("stage_waited_us", 0.0)
+    fallbacks = int(metrics.get("decode_fallbacks", 0))
+    fell_back = f"; {fallbacks:,} images decoded by PIL instead (fallbacks)" if fallbacks else ""
     return (
         f"stages per image, CPU time summed over workers: {worker} (the workers' CPU time "
         f"{cpu:,.0f} us); inside them, waiting for a core or storage: {waited:,.0f} us; "
-        f"the loop's time: {loop}"
+        f"the loop's time: {loop}{fell_back}"
     )

@@ -195,7 +195,7 @@ def test_an_unknown_choice_is_one_line_from_the_command_line(tmp_path, cache, is
         ("cache=hot", ValidationError, "expected one of [warm, cold, keep]"),
         ("on_bad_sample=ignore", ValidationError, "expected one of [raise, skip]"),
         ("loader.crop=left", ValidationError, "expected one of [random, center]"),
-        ("loader=nodes loader.decoder=fast", ValidationError, "expected one of [torchvision, pil]"),
+        ("loader=nodes loader.decoder=quick", ValidationError, "one of [torchvision, pil, fast]"),
         ("loader=nodes loader.method=fork", ValidationError, "expected one of [process, thread,"),
     ],
 )

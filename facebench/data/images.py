@@ -12,6 +12,7 @@ is left off, since this one comes first and names the file.
 
 from __future__ import annotations
 
+import errno
 import io
 
 from PIL import Image, UnidentifiedImageError
@@ -107,6 +108,8 @@ def read_file(path: str) -> bytes:
             f"{printable(path)}: a folder, not an image file. Point the labels at image files"
         ) from None
     except OSError as error:
+        if error.errno in (errno.EMFILE, errno.ENFILE):
+            raise  # the process's open files, not this file: loaders/failures.py explains it
         raise bad_image(path, error) from None
     return data
 

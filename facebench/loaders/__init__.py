@@ -17,6 +17,7 @@ from hydra.core.config_store import ConfigStore
 
 from facebench import shared_memory
 from facebench.config import LoaderConfig, TrainConfig, Workers
+from facebench.data import decoders
 from facebench.data.listing import Listing
 from facebench.data.location import data_layout
 from facebench.data.transforms import Geometry, article_transform
@@ -79,6 +80,7 @@ def set_up(
     cross (advise checks each worker count itself). Rank 0 first: it builds what the others
     then reuse. Its metrics (the shards' build time, say)."""
     spec.require(cfg.loader.name)
+    decoders.require(str(getattr(cfg.loader, "decoder", "")))
     metrics = spec.set_up_job(ctx)
     if world.is_main:
         barrier(world)

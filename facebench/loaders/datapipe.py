@@ -35,14 +35,14 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe
 from torch.utils.data.datapipes.iter import FileLister, IterableWrapper
 
 from facebench import stages
-from facebench.config import LoaderConfig, Workers
+from facebench.config import Decoder, LoaderConfig
 from facebench.data.folder import FOLDER, class_folder_of, image_extensions, is_image_name
 from facebench.data.sample_ids import SampleIds
 from facebench.data.sources import CELEBA, DIGIFACE, LabelSpace, digiface_record
 from facebench.loaders import shared
 from facebench.loaders.decoding import DecodeStage
 from facebench.loaders.shared import Batch, LoaderContext, data_loader
-from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits
+from facebench.loaders.spec import LoaderSpec, decoder_traits
 
 PipeRecord = tuple[str, int, str, int]  # path, label, source, sample id
 
@@ -51,6 +51,8 @@ PipeRecord = tuple[str, int, str, int]  # path, label, source, sample id
 class Options(LoaderConfig):
     # Records held by each worker's Shuffler; the article's 100,000.
     shuffle_buffer: int = 100_000
+    # pil: the article's PIL transform per sample; fast or torchvision: uint8 batches.
+    decoder: Decoder = Decoder.pil
 
 
 class Keep:
@@ -192,7 +194,7 @@ def worker_memory(ctx: LoaderContext) -> int:
     """Every worker lists every file and fills its own shuffle buffer."""
     n = len(ctx.records)
     held = _RECORD_BYTES * (n + min(ctx.options.shuffle_buffer, n))
-    return shared.worker_memory(ctx, held=held)
+    return shared.worker_memory(ctx, normalized=DecodeStage.of(ctx).normalized, held=held)
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:
@@ -203,5 +205,5 @@ LOADER = LoaderSpec(
     options=Options,
     build=build,
     worker_memory=worker_memory,
-    traits=Traits(Handover.normalized, Pixels.exact, Workers.process),
+    traits=decoder_traits(),
 )

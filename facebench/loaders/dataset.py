@@ -4,22 +4,40 @@ Every sample is a random access to one small file: open, decode, crop, transform
 article, the Datasets are made from the listing before the clock starts; the DataLoader's
 shuffle is the epoch plan's order (facebench/loaders/plan.py), a full permutation as
 `shuffle=True` draws.
+
+`loader.decoder=pil` (the default) is the article's own path: PIL and its per-sample transform.
+`loader.decoder=fast` (or `torchvision`) decodes with the faster libraries and hands over uint8
+samples that the device crops and normalizes per batch (facebench.finish).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 from torch.utils.data import ConcatDataset, Dataset
 
-from facebench.config import LoaderConfig, Workers
+from facebench.config import Decoder, LoaderConfig
 from facebench.data.records import Record
 from facebench.loaders import shared
 from facebench.loaders.decoding import DecodeStage
-from facebench.loaders.shared import Batch, LoaderContext, PlanSampler, data_loader
-from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits
+from facebench.loaders.shared import (
+    Batch,
+    CollateUint8,
+    LoaderContext,
+    PlanSampler,
+    collate_samples,
+    data_loader,
+)
+from facebench.loaders.spec import LoaderSpec, decoder_traits
+
+
+@dataclass
+class Options(LoaderConfig):
+    # pil: the article's PIL transform per sample; fast or torchvision: uint8 samples.
+    decoder: Decoder = Decoder.pil
 
 
 class RecordDataset(Dataset):
@@ -39,7 +57,7 @@ class RecordDataset(Dataset):
 
 
 def worker_memory(ctx: LoaderContext) -> int:
-    return shared.worker_memory(ctx)
+    return shared.worker_memory(ctx, normalized=DecodeStage.of(ctx).normalized)
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:
@@ -49,12 +67,13 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
     for _, records in itertools.groupby(ctx.records, key=lambda record: record.source):
         first_id = sum(len(part) for part in parts)
         parts.append(RecordDataset(list(records), stage, first_id))
-    return data_loader(ConcatDataset(parts), ctx, sampler=PlanSampler(ctx.plan))
+    collate = collate_samples if stage.normalized else CollateUint8(ctx.plan)
+    return data_loader(ConcatDataset(parts), ctx, sampler=PlanSampler(ctx.plan), collate=collate)
 
 
 LOADER = LoaderSpec(
-    options=LoaderConfig,
+    options=Options,
     build=build,
     worker_memory=worker_memory,
-    traits=Traits(Handover.normalized, Pixels.exact, Workers.process),
+    traits=decoder_traits(),
 )

@@ -86,6 +86,19 @@ def collate_samples(samples: list[tuple]) -> Batch:
     return stamped(Batch(*default_collate(samples)), start)
 
 
+class CollateUint8:
+    """(uint8 image, label, id) samples -> one uint8 Batch with the plan's crop offsets, for the
+    device to finish (a DataLoader's collate_fn; picklable, for its workers)."""
+
+    def __init__(self, plan: EpochPlan) -> None:
+        self.plan = plan
+
+    def __call__(self, samples: list[tuple]) -> Batch:
+        start = stages.now()
+        images, labels, ids = default_collate(samples)
+        return stamped(uint8_batch(images, labels, ids, self.plan), start)
+
+
 @dataclass(frozen=True)
 class LoaderContext:
     """Everything a loader may use; built once per job, before any clock, and never changed
@@ -171,12 +184,13 @@ def data_loader(
     batched: bool = False,
     sampler: Sampler | None = None,
     shuffle: bool | None = None,
+    collate: Callable[[list[tuple]], Batch] = collate_samples,
 ) -> Iterable[Batch]:
     """A torch DataLoader with the settings every loader shares (drop_last, as the article).
 
     batched=True: the dataset yields whole batches itself, and the DataLoader only moves them.
     shuffle=True: a DataPipe's shufflers run (seeded by the DataLoader); map-style datasets
-    take their order from `sampler` (the epoch plan's).
+    take their order from `sampler` (the epoch plan's); `collate` makes their batches.
     """
     generator = torch.Generator()
     # Every worker's base seed (its random crops), and the shuffle seed DataPipes share: the
@@ -186,7 +200,7 @@ def data_loader(
     if ctx.n_workers > 0:
         extra["prefetch_factor"] = ctx.options.prefetch_factor
     if not batched:
-        extra["collate_fn"] = collate_samples
+        extra["collate_fn"] = collate
     return DataLoader(
         dataset,
         batch_size=None if batched else ctx.batch_size,

@@ -106,14 +106,14 @@ class LoaderSpec:
 
 
 def decoder_traits(workers: Workers = Workers.process) -> Callable[[LoaderConfig], Traits]:
-    """Traits of a loader with a `decoder` option: torchvision decodes into uint8 batches that
-    the device finishes; pil runs the article's transform per sample."""
+    """Traits of a loader with a `decoder` option: pil runs the article's transform per sample;
+    the others (torchvision, fast) decode into uint8 batches that the device finishes."""
 
     def traits(options: LoaderConfig) -> Traits:
         chosen = workers
         if getattr(options, "method", None) == Workers.thread:
             chosen = Workers.thread
-        if getattr(options, "decoder", "torchvision") == "pil":
+        if options.decoder == "pil":
             return Traits(Handover.normalized, Pixels.exact, chosen)
         return Traits(Handover.uint8, Pixels.close, chosen)
 

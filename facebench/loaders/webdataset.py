@@ -192,7 +192,7 @@ def set_up(ctx: LoaderContext) -> dict[str, float]:
     if options.device_decode and DecodeStage.of(ctx).normalized:
         raise ConfigError(
             f"loader.device_decode=true needs a decoder whose batches the device finishes "
-            f"(loader.decoder=torchvision), not loader.decoder={options.decoder}"
+            f"(loader.decoder=torchvision or fast), not loader.decoder={options.decoder}"
         )
     if options.device_decode and ctx.device.type != "cuda":
         log.warning("loader.device_decode=true needs a CUDA device; decoding on the CPU instead")
