@@ -4,12 +4,15 @@ measured on the data set's own files with no loader around them, beside each loa
     python bench/limits.py                      # 20,000 synthetic images, warm
 
 A limit is the rate of one process per usable core, running together, each working through its
-share of every file (read from the page cache): read + decode + resize to transform.resize with
-PIL (what dataset and datapipe do first), the same plus the article's per-sample transform (crop,
-to-tensor, normalize: all their work), and read + decode + resize with torchvision.io (what
-webdataset and nodes do with decoder=torchvision; the device crops and normalizes). Each decoding
-loader then runs host-only with n_workers equal to the cores, and its rate is given as a share of
-its matching limit.
+share of every file (read from the page cache), one limit per decoder: read + decode + resize to
+transform.resize with PIL (what dataset and datapipe do first), the same plus the article's
+per-sample transform (crop, to-tensor, normalize: all their work with decoder=pil), read + decode +
+resize with torchvision.io (what webdataset and nodes do with decoder=torchvision; the device crops
+and normalizes), and read + decode + resize with decoder=fast (libspng and libjpeg-turbo called
+directly; facebench/data/fast_codecs.py). Each decoding loader then runs host-only with n_workers
+equal to the cores, with its default decoder and with decoder=fast, and its rate is given as a
+share of its matching limit. loader=spdl's threads are held against the same limit as the
+processes.
 
 Then raw's limits on a CPU device, where the host both gathers each batch's records and crops
 and normalizes them: finishing alone (uint8 batches already in memory), gathering alone (one
@@ -33,7 +36,7 @@ from common import Bench, generated_root, parser, run_train
 from PIL import Image
 
 from facebench.data.batch_transforms import crop_normalize_on_cpu, crop_offsets
-from facebench.data.fast_decode import decode_resized
+from facebench.data.fast_decode import decode_resized, resized
 from facebench.data.images import open_sample, read_file
 from facebench.data.sources import CELEBA, DIGIFACE
 from facebench.data.transforms import ARTICLE, article_transform
@@ -43,13 +46,20 @@ from facebench.shards import raw_format
 from facebench.shards.manifest import Manifest
 from facebench.tables import markdown
 
-# Which limit each decoding loader is held against (its own decoding path).
-MATCHING = {
-    "dataset": "PIL, article transform",
-    "datapipe": "PIL, article transform",
-    "webdataset": "torchvision.io, resize",
-    "nodes": "torchvision.io, resize",
-}
+PIL_TRANSFORM, PIL_RESIZE = "PIL, article transform", "PIL, resize"
+TORCHVISION, FAST = "torchvision.io, resize", "fast, resize"
+# Each decoding loader with a decoder, and the limit it is held against (its own decoding path).
+MATCHING = [
+    ("dataset", "pil", PIL_TRANSFORM),
+    ("datapipe", "pil", PIL_TRANSFORM),
+    ("webdataset", "torchvision", TORCHVISION),
+    ("nodes", "torchvision", TORCHVISION),
+    ("dataset", "fast", FAST),
+    ("datapipe", "fast", FAST),
+    ("webdataset", "fast", FAST),
+    ("nodes", "fast", FAST),
+    ("spdl", "fast", FAST),
+]
 
 
 def _files(root: Path) -> list[tuple[str, str]]:
@@ -59,11 +69,17 @@ def _files(root: Path) -> list[tuple[str, str]]:
 
 
 def _work(kind: str, files: list[tuple[str, str]]) -> None:
-    if kind == "torchvision.io, resize":
+    if kind == TORCHVISION:
         for path, source in files:
             decode_resized(read_file(path), source, path)
         return
-    if kind == "PIL, resize":
+    if kind == FAST:
+        from facebench.data.fast_codecs import decode_rgb  # the `fast` extra
+
+        for path, source in files:
+            resized(decode_rgb(read_file(path), source, path))
+        return
+    if kind == PIL_RESIZE:
         for path, source in files:
             open_sample(path, source).resize((112, 112), Image.Resampling.BILINEAR)
         return
@@ -163,19 +179,23 @@ def decode_section(bench: Bench, n_images: int, cores: int) -> str:
     """The decode limits and each decoding loader's share, as a Markdown section."""
     with tempfile.TemporaryDirectory() as scratch:
         common = ["model=none", "host_only=true", "cache=warm", f"data.n_images={n_images}"]
-        rates = {
-            name: run_train(scratch, [f"loader={name}", f"n_workers={cores}", *common])
-            for name in MATCHING
-        }
+        rates = [
+            run_train(
+                scratch,
+                [f"loader={name}", f"loader.decoder={decoder}", f"n_workers={cores}", *common],
+            )
+            for name, decoder, _ in MATCHING
+        ]
     # The loaders' runs just read every file into the page cache.
     files = _files(generated_root(n_images))
-    kinds = ["PIL, resize", "PIL, article transform", "torchvision.io, resize"]
+    kinds = [PIL_RESIZE, PIL_TRANSFORM, TORCHVISION, FAST]
     limits = {kind: limit(kind, files, cores) for kind in kinds}
     rows = []
-    for name, metrics in rates.items():
-        kind, steady = MATCHING[name], metrics["steady_images_per_s"]
+    for (name, decoder, kind), metrics in zip(MATCHING, rates, strict=True):
+        steady = metrics["steady_images_per_s"]
         share = f"{100 * steady / limits[kind]:.0f}%"
-        rows.append([name, kind, f"{steady:,.0f}", f"{limits[kind]:,.0f}", share])
+        rows.append([name, decoder, kind, f"{steady:,.0f}", f"{limits[kind]:,.0f}", share])
+    against_pil = limits[FAST] / limits[PIL_RESIZE]
     title = (
         f"Decode limits and each decoding loader's share, {n_images:,} synthetic images, warm, "
         f"host side, n_workers {cores}"
@@ -183,8 +203,8 @@ def decode_section(bench: Bench, n_images: int, cores: int) -> str:
     body = (
         f"Limits: {cores} processes together, one share of the {len(files):,} files each.\n\n"
         + markdown(["limit", "images/s"], [[kind, f"{rate:,.0f}"] for kind, rate in limits.items()])
-        + "\n"
-        + markdown(["loader", "its limit", "steady images/s", "limit", "share"], rows)
+        + f"\nThe fast decoder's limit is {against_pil:.2f}x PIL's (decode and resize).\n\n"
+        + markdown(["loader", "decoder", "its limit", "steady images/s", "limit", "share"], rows)
     )
     return bench.section(title, "nothing else ran meanwhile", body)
 

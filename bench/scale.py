@@ -10,6 +10,12 @@ larger than --full-epoch-limit images are measured over their first --max-batche
 start-up, listing and the first batch are whole-set costs either way, and the steady rate settles
 long before.
 Writes two tables into docs/benchmarks.md (--no-write to skip).
+
+    python bench/scale.py --memory                          # the article's memory question
+
+Worker processes against threads: `dataset`, `datapipe` and `nodes` with --memory-workers (10)
+worker processes, `spdl` with as many threads, on the 20,000- and 300,000-image sets: memory
+added (the machine's used memory at its peak, less before the run) and images/s, in one table.
 """
 
 from __future__ import annotations
@@ -73,13 +79,66 @@ def disk_rows(n_images: int, built: dict[str, float]) -> list[list[str]]:
 def start(argv: list[str] | None) -> Bench:
     """This script's arguments, parsed, and the run begun."""
     arguments = parser(__doc__)
-    arguments.add_argument("--sizes", nargs="+", type=int, default=[20_000, 100_000, 300_000])
+    # Default: 20,000, 100,000 and 300,000 (with --memory: 20,000 and 300,000).
+    arguments.add_argument("--sizes", nargs="+", type=int)
     arguments.add_argument("--loaders", nargs="+", default=LOADERS)
     arguments.add_argument("--workers", type=int, default=2)
     arguments.add_argument("--batch-size", type=int, default=600)
     arguments.add_argument("--full-epoch-limit", type=int, default=20_000)
     arguments.add_argument("--max-batches", type=int, default=60)
+    arguments.add_argument("--memory", action="store_true", help="processes against threads")
+    arguments.add_argument("--memory-workers", type=int, default=10)
     return Bench.start(arguments, argv)
+
+
+# Processes (the article's loaders and nodes) against threads (spdl), at the same worker count.
+MEMORY_LOADERS = ["dataset", "datapipe", "nodes", "spdl"]
+MEMORY_SIZES = [20_000, 300_000]
+SIZES = [20_000, 100_000, 300_000]
+
+
+def memory_section(bench: Bench, scratch: str) -> str:
+    """Memory added and images/s at --memory-workers processes or threads, per set size."""
+    args = bench.args
+    rows = []
+    for n_images in args.sizes or MEMORY_SIZES:
+        capped = n_images > args.full_epoch_limit
+        for loader in MEMORY_LOADERS:
+            m = run_train(
+                scratch,
+                [
+                    f"loader={loader}",
+                    f"n_workers={args.memory_workers}",
+                    f"batch_size={args.batch_size}",
+                    f"data.n_images={n_images}",
+                    f"max_batches={args.max_batches if capped else 0}",
+                    "host_only=true",
+                    "model=none",
+                    "cache=warm",
+                    "repeat=1",
+                ],
+            )
+            kind = loaders.get(loader).traits_for().workers
+            rows.append(
+                [
+                    f"{n_images:,}",
+                    loader,
+                    f"{args.memory_workers} {kind}es" if kind == "process" else f"{kind}s",
+                    f"{m['peak_mem_added_mb']:,.0f}",
+                    steady_cell(m),
+                    f"{m['time_to_first_batch_s']:.2f}",
+                ]
+            )
+    header = ["images", "loader", "workers", "memory added MB", "steady images/s", "first batch s"]
+    title = (
+        f"Worker processes against threads: memory and rate at n_workers {args.memory_workers}, "
+        f"host side, warm, batch {args.batch_size}"
+    )
+    details = (
+        f"one epoch per row, sets over {args.full_epoch_limit:,} images timed over their first "
+        f"{args.max_batches} batches"
+    )
+    return bench.section(title, details, markdown(header, rows))
 
 
 def loader_rows(args: argparse.Namespace, n_images: int, scratch: str) -> list[list[str]]:
@@ -120,9 +179,13 @@ def loader_rows(args: argparse.Namespace, n_images: int, scratch: str) -> list[l
 def main(argv: list[str] | None = None) -> None:
     bench = start(argv)
     args = bench.args
+    if args.memory:
+        with tempfile.TemporaryDirectory() as scratch:
+            bench.publish("bench:threads-memory", memory_section(bench, scratch))
+        return
     rows, disk = [], []
     with tempfile.TemporaryDirectory() as scratch:
-        for n_images in args.sizes:
+        for n_images in args.sizes or SIZES:
             built = {fmt: prepare(n_images, fmt) for fmt in FORMATS}
             disk += disk_rows(n_images, built)
             rows += loader_rows(args, n_images, scratch)

@@ -16,11 +16,18 @@ from facebench.data.transforms import Geometry
 from facebench.errors import ConfigError, DataError
 from facebench.runner import run_training
 from facebench.shards.manifest import Manifest
-from tests.helpers import LOADERS, assert_same_samples, context, delivered, expected, prepared
+from tests.helpers import (
+    CLOSE,
+    LOADERS,
+    TOLERANCE,
+    assert_same_samples,
+    context,
+    delivered,
+    expected,
+    prepared,
+)
 
 FOLDER = Layout("folder")
-CLOSE = ["webdataset", "nodes", "dali"]  # torchvision.io or DALI decoding: within 4 grey levels
-TOLERANCE = 4 / 255 / 0.225
 
 
 def _image(path: Path, size=(30, 20), mode="RGB") -> None:
