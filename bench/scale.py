@@ -123,7 +123,7 @@ def memory_section(bench: Bench, scratch: str) -> str:
                 [
                     f"{n_images:,}",
                     loader,
-                    f"{args.memory_workers} {kind}es" if kind == "process" else f"{kind}s",
+                    f"{args.memory_workers} {'processes' if kind == 'process' else 'threads'}",
                     f"{m['peak_mem_added_mb']:,.0f}",
                     steady_cell(m),
                     f"{m['time_to_first_batch_s']:.2f}",

@@ -153,21 +153,6 @@ def take() -> StageTimes | None:
     return times
 
 
-def merge(parts: Iterable[StageTimes | None]) -> StageTimes | None:
-    """The times several threads spent on one batch (each sample's decoding thread, then the
-    collating one), as the batch's: their sums, produced by the first of them."""
-    known = [times for times in parts if times is not None]
-    if not known:
-        return None
-    return StageTimes(
-        tuple(sum(values) for values in zip(*(t.ns for t in known), strict=True)),
-        tuple(sum(values) for values in zip(*(t.stage_cpu_ns for t in known), strict=True)),
-        sum(times.cpu_ns for times in known),
-        known[0].producer,
-        sum(times.fallbacks for times in known),
-    )
-
-
 def begin_epoch(on: bool) -> StageTotals:
     """In the loop's thread, as an epoch starts (before its workers are forked: they inherit
     the setting): timing on or off, this thread's tally forgotten, so that batches it assembles

@@ -1,28 +1,32 @@
 """SPDL (Meta's Scalable and Performant Data Loading): a pipeline of threads over the original
 image files.
 
-    source: this rank's share of the epoch plan, as (sample id, record) pairs
-      -> pipe(read, decode, resize one sample; concurrency n_workers, in input order)
-      -> aggregate(batch_size, drop_last)
-      -> pipe(collate: one batch, with the plan's crop offsets)
+    source: this rank's share of the epoch plan, sample by sample
+      -> aggregate(batch_size, drop_last): one batch's (sample id, record) pairs
+      -> pipe(read, decode, resize and collate a batch; concurrency n_workers, in input order)
       -> sink(prefetch_factor batches)
 
 SPDL runs its stages as asyncio tasks on a background thread, and their work on a pool of
 n_workers threads in the loop's own process: no worker process, nothing pickled, no shared
-memory, no copy of the listing per worker. Threads decode in parallel only as far as the decoder
-lets go of the GIL: libjpeg-turbo (simplejpeg), PIL's decoders and torch's resize do; libspng
-(pyspng-seunglab) keeps it while it decodes a PNG, so PNGs decode one at a time (twice PIL's
-speed, measured in bench/limits.py).
+memory, no copy of the listing per worker.
 
-The decoder is `loader.decoder` (default `fast`: facebench/data/fast_codecs.py), the same
-decode stage as every decoding loader. SPDL's own decoders (`spdl.io`, on FFmpeg) are not used:
-they need FFmpeg's shared libraries, which pip does not install (Debian's libavcodec and
-friends), and FFmpeg's PNG and JPEG decoders do not promise PIL's pixels.
+A task decodes a whole batch, not one sample: per-sample tasks (the decode stage before the
+aggregate) ran at 1,300 images/s on 2 cores against 2,900 per batch (20,000 synthetic images,
+warm): scheduling each image on the event loop cost more than decoding it. Threads decode in
+parallel only as far as the work lets go of the GIL: libjpeg-turbo (simplejpeg), PIL's decoders
+and torch's resize do; libspng (pyspng-seunglab) keeps it while it decodes a PNG, and so does each
+image's Python around the decoders. Measured the same way, one thread ran at 3,100 images/s and
+two at 2,800: here threads save memory, not time (docs/benchmarks.md).
 
-Stage times: each pool thread times its own read, decode and transform per sample and hands
-them over with the sample; the collating thread adds them to the batch's (stages.merge).
-A sample that fails to decode ends the epoch with its own error, raised in the loop (SPDL would
-otherwise log it and skip the sample); any other failure inside SPDL stops the pipeline too.
+The decoder is `loader.decoder` (default `fast`: facebench/data/fast_codecs.py), the same decode
+stage as every decoding loader. SPDL's own decoders (`spdl.io`, on FFmpeg) are not used: they
+need FFmpeg's shared libraries, which pip does not install (Debian's libavcodec and the rest),
+and FFmpeg's JPEG decoder does not give PIL's pixels.
+
+Stage times: the thread that loads a batch times its read, decode, transform and collate, as
+nodes' and raw's threads do. A sample that fails to decode ends the epoch with its own error,
+raised in the loop (SPDL alone would log it and skip the batch); any other failure inside SPDL
+stops the pipeline too.
 """
 
 from __future__ import annotations
@@ -33,7 +37,6 @@ from typing import Any
 
 import torch
 
-from facebench import stages
 from facebench.config import Decoder, LoaderConfig, Workers
 from facebench.data.records import Record
 from facebench.extras import Requirement
@@ -42,9 +45,6 @@ from facebench.loaders.shared import Batch, LoaderContext
 from facebench.loaders.spec import LoaderSpec, decoder_traits
 from facebench.resources import batch_bytes
 
-# Samples each decode task may hold beyond its own: SPDL's queues between stages.
-_QUEUED_PER_THREAD = 2
-
 
 @dataclass
 class Options(LoaderConfig):
@@ -52,47 +52,28 @@ class Options(LoaderConfig):
     decoder: Decoder = Decoder.fast
 
 
-Sample = tuple[torch.Tensor, int, int, stages.StageTimes | None]  # image, label, id, its times
-
-
 @dataclass(frozen=True)
 class Failed:
-    """A sample's error, carried down the pipeline to be raised in the loop: raised inside SPDL,
+    """A batch's error, carried down the pipeline to be raised in the loop: raised inside SPDL,
     it would be logged with its traceback and reach the loop wrapped in a PipelineFailure."""
 
     error: Exception
 
 
-class LoadSample:
-    """(sample id, record) -> the sample and the times this thread spent on it."""
+class LoadBatch:
+    """One batch's (sample id, record) pairs -> the Batch, or the error that stopped it."""
 
     def __init__(self, stage: DecodeStage) -> None:
         self.stage = stage
 
-    def __call__(self, item: tuple[int, Record]) -> Sample | Failed:
-        sample_id, record = item
+    def __call__(self, items: list[tuple[int, Record]]) -> Batch | Failed:
         try:
-            image = self.stage.from_file(record)
+            samples = [self.stage.from_file(record) for _, record in items]
         except Exception as error:
             return Failed(error)
-        return image, record.label, sample_id, stages.take()
-
-
-class Collate:
-    """A list of samples -> one Batch, carrying the times of every thread that worked on it."""
-
-    def __init__(self, stage: DecodeStage) -> None:
-        self.stage = stage
-
-    def __call__(self, samples: list[Sample | Failed]) -> Batch | Failed:
-        for sample in samples:
-            if isinstance(sample, Failed):
-                return sample
-        images = [image for image, _, _, _ in samples]
-        labels = torch.tensor([label for _, label, _, _ in samples])
-        ids = torch.tensor([sample_id for _, _, sample_id, _ in samples])
-        batch = self.stage.batch(images, labels, ids)
-        return batch._replace(stages=stages.merge([batch.stages, *(t for *_, t in samples)]))
+        labels = torch.tensor([record.label for _, record in items])
+        ids = torch.tensor([sample_id for sample_id, _ in items])
+        return self.stage.batch(samples, labels, ids)
 
 
 class SpdlBatches:
@@ -120,16 +101,15 @@ class SpdlBatches:
         return (
             PipelineBuilder()
             .add_source(self._source())
+            .aggregate(self.batch_size, drop_last=True)
             .pipe(
-                LoadSample(self.stage),
+                LoadBatch(self.stage),
                 concurrency=self.threads,
                 output_order="input",
                 name="decode",
             )
-            .aggregate(self.batch_size, drop_last=True)
-            .pipe(Collate(self.stage), name="collate")
             .add_sink(self.ahead)
-            # Any failure stops the pipeline (by default SPDL logs it and skips the sample).
+            # Any failure stops the pipeline (by default SPDL logs it and goes on).
             # No per-task hooks or queue statistics: facebench times the stages itself.
             .build(
                 num_threads=self.threads,
@@ -149,14 +129,12 @@ class SpdlBatches:
 
 
 def worker_memory(ctx: LoaderContext) -> int:
-    """Threads, not processes: per thread, the samples it decodes and queues, and its share of
-    the batches waiting in the sink."""
+    """Threads, not processes: per thread, the batch it loads and its share of those waiting in
+    the sink and the queue before it."""
     normalized = DecodeStage.of(ctx).normalized
     shape = (3, *ctx.geometry.cropped) if normalized else (*ctx.geometry.resized, 3)
     threads = max(1, ctx.n_workers)
-    samples = threads * (1 + _QUEUED_PER_THREAD) + ctx.batch_size  # decoding, queued, a batch
-    ready = ctx.options.prefetch_factor + 1
-    held = batch_bytes(samples, shape, normalized) + ready * batch_bytes(
+    held = (threads + ctx.options.prefetch_factor + 1) * batch_bytes(
         ctx.batch_size, shape, normalized
     )
     return held // threads
