@@ -124,11 +124,14 @@ def _host_rate(make_cfg, *overrides: str) -> float:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "loader",
-    [("loader=dataset",), ("loader=dali",)],
-    ids=["processes", "threads"],
+    ("loader", "times"),
+    [
+        (("loader=dataset",), 0.25),
+        (("loader=dataset",), 4.0),
+        (("loader=dali",), 4.0),  # threads: the case where AU depends on their rate
+    ],
+    ids=["slower-accelerator-processes", "faster-accelerator-processes", "faster-threads"],
 )
-@pytest.mark.parametrize("times", [0.25, 4.0], ids=["slower-accelerator", "faster-accelerator"])
 def test_au_follows_how_fast_the_loader_feeds(make_cfg, loader, times):
     """An accelerator 4x slower than the loader's host side (R) is kept busy (AU near 1); one
     4x faster, a quarter of the time: AU within 10% of min(1, R / rate). A machine's load moves
