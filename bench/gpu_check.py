@@ -117,6 +117,9 @@ def start(argv: list[str] | None) -> Bench:
     arguments.add_argument("--out", type=Path, help="docs file to write (docs/benchmarks.md)")
     arguments.add_argument("--skip-tests", action="store_true")
     arguments.add_argument("--cache-dir", type=Path, help="where the synthetic set goes (.cache)")
+    arguments.add_argument(
+        "--loaders", nargs="+", help="the loaders to run (default: every one installed here)"
+    )
     bench = Bench.start(arguments, argv)
     args, dry = bench.args, bench.args.dry_run
     # The sizes a run was not given: the full check's, or the dry run's tiny ones.
@@ -230,8 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     lines += [failed] if failed else []
     from facebench import loaders as registry
 
-    loaders = known_loaders()
-    skipped = [name for name in registry.names(real_only=True) if name not in loaders]
+    loaders = [name for name in known_loaders() if name in (args.loaders or known_loaders())]
+    skipped = [name for name in registry.names(real_only=True) if name not in known_loaders()]
     lines += [f"not installed here, skipped: {', '.join(skipped)}"] if skipped else []
     jobs = run_jobs(loaders, common, dry, scratch)
     lines += [write_gpu_profile(jobs.get(("ceiling", False, "resnet50")), scratch if dry else None)]

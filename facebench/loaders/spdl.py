@@ -19,7 +19,11 @@ image's Python around the decoders. Measured the same way, one thread ran at 3,1
 two at 2,800: here threads save memory, not time (docs/benchmarks.md).
 
 The decoder is `loader.decoder` (default `fast`: facebench/data/fast_codecs.py), the same decode
-stage as every decoding loader. SPDL's own decoders (`spdl.io`, on FFmpeg) are not used: they
+stage as every decoding loader. With `fast` and `torchvision` the device crops each batch at the
+plan's offsets; with `pil` the article's RandomCrop draws from torch's generator, which the
+threads share, so its crops are random but not the plan's (loader.crop=center is exact).
+
+SPDL's own decoders (`spdl.io`, on FFmpeg) are not used: they
 need FFmpeg's shared libraries, which pip does not install (Debian's libavcodec and the rest),
 and FFmpeg's JPEG decoder does not give PIL's pixels.
 
