@@ -28,9 +28,11 @@ from facebench.paths import PROJECT_ROOT
 
 
 def _no_room(root: str) -> int:
-    """An open-file limit that leaves this process no room for another descriptor: the number it
-    holds, or lower where one is about to be freed (an image file a loader's thread is reading
-    right now: closed, it would leave room for the next, and dali went on, now and then)."""
+    """An open-file limit that leaves this process no room for another descriptor: the lowest
+    descriptor number free now (a new file takes the lowest free number, and fails where that
+    is at or above the limit; counting those held would leave room in any gap below), or lower
+    where one is about to be freed (an image file a loader's thread is reading right now:
+    closed, it would leave room for the next, and dali and spdl went on, now and then)."""
     held = {}
     for name in os.listdir("/proc/self/fd"):
         try:
@@ -43,7 +45,8 @@ def _no_room(root: str) -> int:
         for fd, target in held.items()
         if target.startswith(root) and not target.startswith(shards)
     ]
-    return min([len(held), *in_flight])
+    lowest_free = min(set(range(len(held) + 1)) - set(held))
+    return min([lowest_free, *in_flight])
 
 
 def break_one(loader: str, mode: str, cache: str) -> None:
