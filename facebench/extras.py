@@ -1,4 +1,5 @@
-"""Optional libraries (NVIDIA DALI, LitData): whether one is installed, and how to install it."""
+"""Optional libraries (NVIDIA DALI, LitData, SPDL, the fast decoders): whether one is installed,
+and how to install it."""
 
 from __future__ import annotations
 
