@@ -233,9 +233,12 @@ def main(argv: list[str] | None = None) -> int:
     lines += [failed] if failed else []
     from facebench import loaders as registry
 
-    loaders = [name for name in known_loaders() if name in (args.loaders or known_loaders())]
-    skipped = [name for name in registry.names(real_only=True) if name not in known_loaders()]
+    installed = known_loaders()
+    loaders = [name for name in installed if name in (args.loaders or installed)]
+    skipped = [name for name in registry.names(real_only=True) if name not in installed]
     lines += [f"not installed here, skipped: {', '.join(skipped)}"] if skipped else []
+    unknown = [name for name in args.loaders or [] if name not in installed]
+    lines += [f"--loaders named what is not here: {', '.join(unknown)}"] if unknown else []
     jobs = run_jobs(loaders, common, dry, scratch)
     lines += [write_gpu_profile(jobs.get(("ceiling", False, "resnet50")), scratch if dry else None)]
     title = "GPU check (dry run on a CPU: steps only, numbers mean nothing)" if dry else "GPU check"

@@ -33,29 +33,24 @@ import simplejpeg
 import torch
 
 from facebench import stages
-from facebench.data.fast_decode import crop_box, jpeg_header
-from facebench.data.images import CELEBA_BOX, bad_image, check_size, decode_sample
-from facebench.data.sources import CELEBA
+from facebench.data.fast_decode import (
+    PNG_SIGNATURE,
+    celeba_cropped,
+    jpeg_header,
+    pil_rgb,
+    png_header,
+)
+from facebench.data.images import bad_image, check_size
 
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # IHDR colour types libspng turns into PIL's RGB: grey, RGB, palette, grey+alpha, RGBA.
 _PNG_COLOUR_TYPES = frozenset({0, 2, 3, 4, 6})
-
-
-def png_header(data: bytes) -> tuple[int, int, int, int] | None:
-    """(width, height, bit depth, colour type) from a PNG's IHDR chunk; None if not a PNG."""
-    if data[:8] != _PNG_SIGNATURE or data[12:16] != b"IHDR" or len(data) < 26:
-        return None
-    width = int.from_bytes(data[16:20], "big")
-    height = int.from_bytes(data[20:24], "big")
-    return width, height, data[24], data[25]
 
 
 def png_intact(data: bytes) -> bool:
     """Whether every chunk of a PNG is whole and its checksum right. libspng decodes some files
     whose checksums are wrong, where PIL refuses them (a damaged IHDR): such files go to PIL,
     which decides. CRC-32 runs at gigabytes a second; a face's PNG has a handful of chunks."""
-    at = len(_PNG_SIGNATURE)
+    at = len(PNG_SIGNATURE)
     while at + 12 <= len(data):
         length = int.from_bytes(data[at : at + 4], "big")
         end = at + 8 + length
@@ -103,8 +98,6 @@ def decode_rgb(data: bytes, source: str, name: str = "<bytes>") -> torch.Tensor:
         raise bad_image(name, ValueError("empty file"))
     rgb = decode_direct(data, name)
     if rgb is not None:
-        image = torch.from_numpy(rgb).permute(2, 0, 1)
-        return crop_box(image, CELEBA_BOX) if source == CELEBA else image
+        return celeba_cropped(torch.from_numpy(rgb).permute(2, 0, 1), source)
     stages.fallback()
-    pil = np.asarray(decode_sample(data, source, name))  # RGB, CelebA already cropped
-    return torch.from_numpy(pil.copy()).permute(2, 0, 1)
+    return pil_rgb(data, source, name)

@@ -72,7 +72,17 @@ def jpeg_components(data: bytes) -> int | None:
     return header[0] if header else None
 
 
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def png_header(data: bytes) -> tuple[int, int, int, int] | None:
+    """(width, height, bit depth, colour type) from a PNG's IHDR chunk; None if the bytes are
+    not a PNG with a readable header."""
+    if data[:8] != PNG_SIGNATURE or data[12:16] != b"IHDR" or len(data) < 26:
+        return None
+    width = int.from_bytes(data[16:20], "big")
+    height = int.from_bytes(data[20:24], "big")
+    return width, height, data[24], data[25]
 
 
 def encoded_size(data: bytes) -> tuple[int, int] | None:
@@ -80,9 +90,20 @@ def encoded_size(data: bytes) -> tuple[int, int] | None:
     header = jpeg_header(data)
     if header is not None:
         return header[1], header[2]
-    if data[:8] == _PNG_SIGNATURE and data[12:16] == b"IHDR" and len(data) >= 24:
-        return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
-    return None
+    png = png_header(data)
+    return (png[0], png[1]) if png is not None else None
+
+
+def celeba_cropped(image: torch.Tensor, source: str) -> torch.Tensor:
+    """A decoded (3, H, W) image as the article used it: CelebA's cropped to its box."""
+    return crop_box(image, CELEBA_BOX) if source == CELEBA else image
+
+
+def pil_rgb(data: bytes, source: str, name: str = "<bytes>") -> torch.Tensor:
+    """Encoded image bytes -> (3, H, W) uint8 RGB decoded by PIL, CelebA cropped: what the
+    faster decoders hand over for the files they leave to PIL."""
+    rgb = np.asarray(decode_sample(data, source, name))  # RGB, CelebA already cropped
+    return torch.from_numpy(rgb.copy()).permute(2, 0, 1)
 
 
 def decode_rgb(data: bytes, source: str, name: str = "<bytes>") -> torch.Tensor:
@@ -99,10 +120,8 @@ def decode_rgb(data: bytes, source: str, name: str = "<bytes>") -> torch.Tensor:
         except RuntimeError:
             image = None  # PIL decides: it reads some files libjpeg-turbo's strict mode refuses
         if image is not None:
-            return crop_box(image, CELEBA_BOX) if source == CELEBA else image
-    # Anything else goes through PIL (see the module docstring).
-    rgb = np.asarray(decode_sample(data, source, name))  # RGB, CelebA already cropped
-    return torch.from_numpy(rgb.copy()).permute(2, 0, 1)
+            return celeba_cropped(image, source)
+    return pil_rgb(data, source, name)  # anything else (see the module docstring)
 
 
 def resized(image: torch.Tensor, size: tuple[int, int] = RESIZE) -> torch.Tensor:
@@ -139,6 +158,4 @@ def resize_sample(
 ) -> torch.Tensor:
     """(3, H, W) uint8 RGB -> cropped if CelebA (unless already), resized to `size` (112x112),
     as (H, W, 3)."""
-    if source == CELEBA and not cropped:
-        image = crop_box(image, CELEBA_BOX)
-    return resized(image, size)
+    return resized(image if cropped else celeba_cropped(image, source), size)

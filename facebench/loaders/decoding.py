@@ -5,6 +5,7 @@ facebench/stages.py: read, decode, transform, collate.
     stage = DecodeStage.of(ctx)                  # the loader's decoder (loader.decoder)
     samples = [stage.from_file(record) for record in records]      # read, decode, transform
     batch = stage.batch(samples, labels, ids)                       # collate, stamped
+    batch = stage.load(pairs)                   # the same, from (sample id, record) pairs
 
 A loader keeps only what makes it that loader (where its records come from, how it orders and
 splits them, where its workers run); the decoder and the timing are chosen and done here once.
@@ -60,6 +61,14 @@ class DecodeStage:
 
     def from_file(self, record: Record) -> torch.Tensor:
         return self.sample(self.read(record.path), record.source, record.path)
+
+    def load(self, items: list[tuple[int, Record]]) -> Batch:
+        """(sample id, record) pairs -> their Batch: each file read, decoded, transformed, then
+        collated (what a worker or thread that loads whole batches does)."""
+        samples = [self.from_file(record) for _, record in items]
+        labels = torch.tensor([record.label for _, record in items])
+        ids = torch.tensor([sample_id for sample_id, _ in items])
+        return self.batch(samples, labels, ids)
 
     def transformed(self, image: Any) -> torch.Tensor:
         """An image decoded elsewhere (a pickle shard's) -> its sample."""

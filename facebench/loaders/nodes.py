@@ -81,14 +81,12 @@ class LoadBatch:
         self.in_process = in_process
 
     def __call__(self, batch: list[tuple[int, Record]]) -> Batch:
-        ids = torch.tensor([i for i, _ in batch])
         if self.stage.normalized:
             # The article's RandomCrop draws from torch's global generator, which forked
             # workers share: each batch gets its own seed, from the plan.
+            ids = torch.tensor([i for i, _ in batch])
             torch.manual_seed(int(batch_rng(self.plan.seed, ids).integers(2**62)))
-        samples = [self.stage.from_file(record) for _, record in batch]
-        labels = torch.tensor([record.label for _, record in batch])
-        made = self.stage.batch(samples, labels, ids)
+        made = self.stage.load(batch)
         return shared.in_shared_memory(made) if self.in_process else made
 
 

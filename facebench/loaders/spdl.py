@@ -39,8 +39,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from facebench.config import Decoder, LoaderConfig, Workers
 from facebench.data.records import Record
 from facebench.extras import Requirement
@@ -72,12 +70,9 @@ class LoadBatch:
 
     def __call__(self, items: list[tuple[int, Record]]) -> Batch | Failed:
         try:
-            samples = [self.stage.from_file(record) for _, record in items]
+            return self.stage.load(items)
         except Exception as error:
             return Failed(error)
-        labels = torch.tensor([record.label for _, record in items])
-        ids = torch.tensor([sample_id for sample_id, _ in items])
-        return self.stage.batch(samples, labels, ids)
 
 
 class SpdlBatches:
