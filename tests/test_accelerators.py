@@ -171,7 +171,9 @@ def test_au_follows_how_fast_the_loader_feeds(make_cfg, loader, times):
 def test_n_accelerators_a_host_feeds_n_times_over_add_up(tmp_path, cache, isolated_env):
     """Two emulated accelerators, one process each (started by torchrun's launcher): their
     images/s add up, and each takes its share of the epoch."""
-    rate = 1000.0
+    # Well within what one raw thread per rank feeds on a slow, shared 2-core machine (1,786
+    # images/s in all was seen at 1,000 each: the loaders, not the accelerators, set the pace).
+    rate = 500.0
     result = subprocess.run(
         [
             sys.executable,
