@@ -11,6 +11,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,6 +44,8 @@ class EpochResult:
     device_busy: dict[str, float] = field(default_factory=dict)
     stages: dict[str, float] = field(default_factory=dict)  # stage_* (facebench/stages.py)
     emulated: dict[str, float] = field(default_factory=dict)  # au (facebench/accelerator.py)
+    # What the loader's own library measured of the epoch (Ray Data's statistics: ray_*).
+    library: dict[str, float] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
         metrics = {
@@ -52,6 +55,7 @@ class EpochResult:
             **self.device_busy,
             **self.stages,
             **self.emulated,
+            **self.library,
         }
         if self.loss_first is not None and self.loss_last is not None:
             metrics["loss_first"] = self.loss_first
@@ -154,6 +158,15 @@ class _Seen:
         if self.first_loss is None:
             self.first_loss = loss
 
+    def outcome(self, label_counts: np.ndarray | None) -> dict[str, Any]:
+        """EpochResult's fields from what was seen: order metrics, ids, first and last loss."""
+        return {
+            "order": order_metrics(self.ids, self.labels, label_counts),
+            "ids": np.concatenate(self.ids) if self.ids else None,
+            "loss_first": self.first_loss.item() if self.first_loss is not None else None,
+            "loss_last": self.last_loss.item() if self.last_loss is not None else None,
+        }
+
 
 def _timed_epoch(
     make_batches: Callable[[], Iterable[Batch]],
@@ -168,7 +181,7 @@ def _timed_epoch(
     bar = epoch_progress(settings.expected_images, settings.description)
     seen = _Seen()
     totals = stages.begin_epoch(settings.stage_times)  # before any worker is forked
-    batches = None
+    batches = made = None
     try:
         meter.start()
         monitor.start(meter.started_at)
@@ -178,7 +191,8 @@ def _timed_epoch(
         # batch: the first wait is counted from the start of the epoch.
         asked_at = meter.started_at
         with settings.join or nullcontext():
-            batches = _feed(timeline.measured(make_batches()), settings)
+            made = make_batches()
+            batches = _feed(timeline.measured(made), settings)
             timeline.mark("wait")
             feeding = "finish" if _finishes_ahead(settings) else "handover"
             for batch, ready in batches:
@@ -199,22 +213,28 @@ def _timed_epoch(
         tail = "handover" if settings.host_only else "step" if trainer is not None else "finish"
         timeline.close(meter.ended_at, tail)
         resources = monitor.stop(meter.ended_at)  # workers still alive: their counters count
+        library = library_metrics(made)  # outside the clock: it may ask the library for them
     finally:
         monitor.close()
         bar.close()
         # Shut worker processes down now (the iterator's finalizer does it), not at exit.
-        del batches
+        del batches, made
     return EpochResult(
         times=times,
         resources=resources,
-        order=order_metrics(seen.ids, seen.labels, settings.label_counts),
-        ids=np.concatenate(seen.ids) if seen.ids else None,
-        loss_first=seen.first_loss.item() if seen.first_loss is not None else None,
-        loss_last=seen.last_loss.item() if seen.last_loss is not None else None,
+        **seen.outcome(settings.label_counts),
         device_busy=busy.metrics(times.epoch_time_s),
         stages=totals.metrics(times.samples_seen, times.epoch_time_s),
         emulated=emulated.metrics(meter.ended_at) if emulated is not None else {},
+        library=library,
     )
+
+
+def library_metrics(made: object) -> dict[str, float]:
+    """What a loader's batches report of their epoch once it ended (`epoch_metrics()`, where
+    they have it: Ray Data's per-operator statistics), else nothing."""
+    report = getattr(made, "epoch_metrics", None)
+    return report() if callable(report) else {}
 
 
 @dataclass

@@ -29,7 +29,17 @@ from facebench.tracking_store import tracking_uri, ui_command
 log = logging.getLogger(__name__)
 
 # Metrics of the job rather than of an epoch: logged once.
-ONCE = ("prepare_s", "samples_skipped", "listing_s", "n_shards", "shard_size_used")
+ONCE = (
+    "prepare_s",
+    "samples_skipped",
+    "listing_s",
+    "n_shards",
+    "shard_size_used",
+    "ray_start_s",
+    "ray_nodes",
+    "ray_cpus",
+    "ray_start_mem_mb",
+)
 
 
 def run_training(
@@ -182,7 +192,9 @@ def _run(cfg: TrainConfig, job: Job, tracker: Tracker, results: JobResults, read
         consumer,
         cfg.cache,
     )
-    per_epoch = measure(cfg, job, loader, ctx, trainer, tracker, results.epochs)
+    with loader.held(ctx) as held:  # a loader's service for the job: Ray's cluster
+        metrics.update(held)
+        per_epoch = measure(cfg, job, loader, ctx, trainer, tracker, results.epochs)
     summary = summarise(per_epoch)
     metrics.update({**per_epoch[-1], **summary})  # the last epoch's, and the summaries
     tracker.log_metrics({**summary, **{k: v for k, v in metrics.items() if k in ONCE}})

@@ -163,6 +163,19 @@ def begin_epoch(on: bool) -> StageTotals:
     return StageTotals(enabled=on)
 
 
+def timing() -> bool:
+    """Whether stage times are being taken (stage_times=true), for workers that do not inherit
+    this process's setting (Ray's)."""
+    return _enabled
+
+
+def set_timing(on: bool) -> None:
+    """In a worker process started on its own (a Ray worker): take stage times, or not, as the
+    loop that receives its batches does."""
+    global _enabled
+    _enabled = on
+
+
 def timed_items(items: Iterable[T], stage: int = READ) -> Iterator[T]:
     """The items of an iterable; the time it takes to produce each is `stage` (a tar stream's
     samples, a listing's records)."""

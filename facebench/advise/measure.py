@@ -117,8 +117,9 @@ def measure_loader(
             geometry=ctx.geometry,
             in_flight=workers * ctx.options.prefetch_factor,
         )
-        build = functools.partial(spec.build, replace(ctx, n_workers=workers))
-        result = run_epoch(build, None, settings)
+        sized = replace(ctx, n_workers=workers)
+        with spec.held(sized):  # its service (Ray's cluster), outside the epoch's clock
+            result = run_epoch(functools.partial(spec.build, sized), None, settings)
         measured.rates[workers] = result.times.steady_images_per_s
         measured.first_batch_s[workers] = result.times.time_to_first_batch_s
         measured.stages[workers] = result.stages

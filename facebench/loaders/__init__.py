@@ -101,9 +101,10 @@ def set_up(
 def in_flight(name: str, spec: LoaderSpec, ctx: LoaderContext, loop_holds: int) -> InFlight | None:
     """What the loader's worker processes have in shared memory at once, from its traits
     (what it hands over, whether its workers are processes), the run's settings and the batches
-    the epoch loop holds; None for a loader whose workers are threads, or with no workers."""
+    the epoch loop holds; None for a loader whose workers are threads, or with no workers, or
+    that hands nothing over through /dev/shm (Ray's object store)."""
     traits = spec.traits_for(ctx.options)
-    if traits.workers != Workers.process or ctx.n_workers == 0:
+    if traits.workers != Workers.process or ctx.n_workers == 0 or not spec.through_shared_memory:
         return None
     if traits.handover == Handover.normalized:
         crop = ctx.geometry.cropped

@@ -11,6 +11,7 @@ what the loader is: adding a loader is one module and one YAML file.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -62,6 +63,10 @@ class LoaderSpec:
     # Work before the first epoch, once per job, in place of building shard_format (its return
     # is logged as metrics).
     set_up: Callable[[LoaderContext], dict[str, float]] | None = None
+    # What it holds for the whole job, inside the job's MLflow run and outside every epoch's
+    # clock (a Ray cluster, started or joined): entered before the first epoch, left when the
+    # job ends however it ends; it gives the job's metrics of it (its start-up time, say).
+    session: Callable[[LoaderContext], AbstractContextManager[dict[str, float]]] | None = None
     # The Python package it needs, and the extra that installs it.
     requires: Requirement | None = None
     # Whether its batches carry the worker side's stage times (facebench/stages.py): False where
@@ -72,6 +77,10 @@ class LoaderSpec:
     # keeps received ahead of the loop (torchdata.nodes' Prefetcher).
     ready_per_worker: Callable[[LoaderConfig], int] | None = None
     received_ahead: Callable[[LoaderConfig], int] | None = None
+    # Whether its worker processes hand batches over through /dev/shm, as torch's queues do
+    # (checked against its free space first). False for Ray's workers: Ray's object store
+    # checks /dev/shm itself and goes to /tmp where it is too small.
+    through_shared_memory: bool = True
 
     def traits_for(self, options: LoaderConfig | None = None) -> Traits:
         """Its traits with these options (its defaults when none are given)."""
@@ -95,6 +104,10 @@ class LoaderSpec:
         if self.shard_format is not None:
             return ensure_loader_shards(ctx, self.shard_format)
         return {}
+
+    def held(self, ctx: LoaderContext) -> AbstractContextManager[dict[str, float]]:
+        """Its session for the job (nothing, for most loaders)."""
+        return self.session(ctx) if self.session is not None else nullcontext({})
 
     def data_files(self, ctx: LoaderContext) -> list[str]:
         """The files an epoch reads: its shards, or every image, or nothing."""
