@@ -1,0 +1,338 @@
+"""Ray Data over the original image files: decoding in Ray tasks, on this machine or a cluster.
+
+    this rank's share of the epoch plan, as rows (sample id, path, label, source), in blocks
+    of whole batches (one, or as many as loader.images_per_task holds)
+      -> map_batches(LoadBatch, batch_size): the shared decode stage reads, decodes, transforms
+         and collates each batch of a block, in a Ray task (1 CPU) on whichever node has a free
+         CPU
+      -> iter_torch_batches(batch_size, prefetch_batches=loader.prefetch_factor), in order
+
+The job's Ray (facebench/loaders/ray_cluster.py): with no `loader.address`, a local instance
+of n_workers CPUs and a bounded object store, started before the first epoch's clock and
+stopped when the job ends; with `loader.address=auto` (or host:port, ray://host:port), a running
+cluster, joined and left running. Its start-up is `ray_start_s`, outside every epoch.
+
+Order, rank split and crops are the epoch plan's, as for every loader: each block holds whole
+batches of the plan, Ray Data keeps their order (`preserve_order`), so iter_torch_batches cuts
+them where the plan does, and uint8 batches carry the plan's crop offsets. torchrun ranks each run their own Dataset over their share of the plan (batch b
+goes to rank b % world_size), not `streaming_split`: the ranks are separate Ray drivers with no
+Dataset in common, and streaming_split hands a block to whichever rank asks first, so ranks
+would not get the plan's batches.
+
+Stage times: each task runs the shared decode stage, which times read, decode, transform and
+collate in the Ray worker; they travel with the batch, as a column. Ray's own per-operator
+statistics (`Dataset.stats()`) are logged after each epoch and kept as ray_* metrics: the task
+count, the nodes used, the tasks' CPU time (the four stages together plus Ray's block building:
+not broken down) and the time the loop was blocked on Ray's iterator (facebench's `wait`).
+
+A sample that fails to decode ends the epoch with its own error. A Ray worker that dies ends it
+too, in one line (Ray Data would run the batch again, forever: `loader.max_retries` allows that
+many runs again).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from facebench import stages
+from facebench.config import Decoder, LoaderConfig, Workers
+from facebench.data.records import Record
+from facebench.errors import FacebenchError, LoaderFailure
+from facebench.extras import Requirement
+from facebench.loaders.decoding import DecodeStage
+from facebench.loaders.ray_cluster import first_line, ray_cluster
+from facebench.loaders.shared import Batch, LoaderContext
+from facebench.loaders.spec import LoaderSpec, decoder_traits
+from facebench.resources import batch_bytes
+from facebench.stages import WORKER_STAGES, StageTimes
+
+log = logging.getLogger(__name__)
+
+# A Ray worker process's own memory: an interpreter with torch, pyarrow, Ray Data and the
+# decoders imported (measured: 330-360 MB resident on this project's pinned versions).
+RAY_WORKER_BYTES = 360 * 2**20
+_MIN_OBJECT_STORE = 512 * 2**20
+_N = len(WORKER_STAGES)
+# A batch's stage times, as one row of int64: wall ns, CPU ns per stage, the producer's CPU
+# ns, its pid and thread, the PIL fallbacks.
+_STAGE_COLUMNS = 2 * _N + 4
+
+
+@dataclass
+class Options(LoaderConfig):
+    # fast: libspng and libjpeg-turbo (uint8 batches); torchvision; pil: the article's transform.
+    decoder: Decoder = Decoder.fast
+    # Empty: a local Ray instance of n_workers CPUs, for this job only. "auto" (a cluster this
+    # machine belongs to), "host:port" (its head, `ray start --head`) or "ray://host:10001":
+    # join that cluster, use all its CPUs, leave it running.
+    address: str = ""
+    # The local instance's object store, MB (0: four times the batches in flight, >= 512 MB).
+    object_store_mb: int = 0
+    # Images a Ray task decodes, in whole batches (at least one): small batches share a task,
+    # whose overhead (scheduling, its block's trip through the object store: 10-20 ms here)
+    # would otherwise cost more than decoding them.
+    images_per_task: int = 256
+    # Runs again of a batch whose Ray worker died (Ray Data's own default: without end). 0: the
+    # epoch ends, in one line, rather than hiding the lost time in its rate.
+    max_retries: int = 0
+
+
+class BatchFailed(Exception):
+    """A batch's error, carried out of a Ray task whole: its first argument is the error (Ray
+    appends its own words to a string argument)."""
+
+
+class LoadBatch:
+    """In a Ray task: one block of rows (a batch of the plan) -> its columns, by the shared
+    decode stage, with its stage times as a column (on the first row)."""
+
+    def __init__(self, stage: DecodeStage, timing: bool) -> None:
+        self.stage = stage
+        self.timing = timing
+
+    def __call__(self, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        stages.set_timing(self.timing)  # a Ray worker is a process of its own
+        items = [
+            (int(sample_id), Record(os.fsdecode(path), int(label), str(source)))
+            for sample_id, path, label, source in zip(
+                rows["id"], rows["path"], rows["label"], rows["source"], strict=True
+            )
+        ]
+        try:
+            batch = self.stage.load(items)
+        except Exception as error:
+            raise BatchFailed(error) from None
+        columns = {
+            "images": batch.images.numpy(),
+            "labels": batch.labels.numpy(),
+            "ids": batch.ids.numpy(),
+            "stages": stage_rows(batch.stages, len(items)),
+        }
+        if batch.offsets is not None:
+            columns["offsets"] = batch.offsets.numpy()
+        return columns
+
+
+def stage_rows(times: StageTimes | None, n: int) -> np.ndarray:
+    """A batch's stage times as an (n, columns) int64 array: the first row holds them (a column
+    needs a value per row)."""
+    rows = np.zeros((n, _STAGE_COLUMNS), dtype=np.int64)
+    if times is not None and n:
+        rows[0] = [*times.ns, *times.stage_cpu_ns, times.cpu_ns, *times.producer, times.fallbacks]
+    return rows
+
+
+def stage_times(rows: torch.Tensor) -> StageTimes | None:
+    """The stage times `stage_rows` put in the batch's first row; None where none were taken."""
+    first = rows[0].tolist() if len(rows) else []
+    if not any(first):
+        return None
+    return StageTimes(
+        tuple(first[:_N]),
+        tuple(first[_N : 2 * _N]),
+        first[2 * _N],
+        (first[2 * _N + 1], first[2 * _N + 2]),
+        first[2 * _N + 3],
+    )
+
+
+class RayBatches:
+    """One epoch's batches from a Ray Dataset, built and run when iterated; Ray's statistics
+    of it (`epoch_metrics`) once it ended."""
+
+    def __init__(self, ctx: LoaderContext) -> None:
+        self.plan = ctx.plan
+        self.records = ctx.records
+        self.batch_size = ctx.batch_size
+        self.options = ctx.options
+        self.load = LoadBatch(DecodeStage.of(ctx), stages.timing())
+        self.batches_per_task = max(1, ctx.options.images_per_task // ctx.batch_size)
+        self.dataset: Any = None
+
+    def __len__(self) -> int:
+        return self.plan.n_batches
+
+    def _dataset(self) -> Any:
+        import pyarrow as pa
+        import ray.data
+
+        positions = self.plan.positions()
+        chosen = [self.records[position] for position in positions.tolist()]
+        table = pa.table(
+            {
+                "id": pa.array(positions, type=pa.int64()),
+                # Bytes: a file name need not be UTF-8 (os.fsencode keeps what the OS gave).
+                "path": pa.array([os.fsencode(record.path) for record in chosen], pa.binary()),
+                "label": pa.array([record.label for record in chosen], type=pa.int64()),
+                "source": pa.array([record.source for record in chosen], type=pa.string()),
+            }
+        )
+        size = self.batch_size
+        context = ray.data.DataContext.get_current()
+        context.execution_options.preserve_order = True  # the plan's order, batch after batch
+        context.enable_progress_bars = False  # the epoch's own progress bar shows it
+        context.raise_original_map_exception = True  # a bad file's own error, not Ray's wrapper
+        rows = size * self.batches_per_task
+        blocks = [table.slice(start, rows) for start in range(0, table.num_rows, rows)]
+        with warnings.catch_warnings():
+            # max_retries has no named parameter in Ray Data 2.60; passed as a remote argument.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return ray.data.from_arrow(blocks).map_batches(
+                self.load,
+                batch_size=size,
+                batch_format="numpy",
+                num_cpus=1,
+                max_retries=self.options.max_retries,
+            )
+
+    def __iter__(self) -> Iterator[Batch]:
+        if self.plan.n_batches == 0:
+            return
+        self.dataset = self._dataset()
+        columns = self.dataset.iter_torch_batches(
+            batch_size=self.batch_size,
+            drop_last=True,
+            prefetch_batches=self.options.prefetch_factor,
+            device="cpu",  # facebench.finish copies to the device, as for every loader
+        )
+        with ray_errors():
+            for batch in columns:
+                yield Batch(
+                    batch["images"],
+                    batch["labels"],
+                    batch["ids"],
+                    batch.get("offsets"),
+                    stages=stage_times(batch["stages"]),
+                )
+
+    def epoch_metrics(self) -> dict[str, float]:
+        """Ray's own statistics of the epoch's execution (ray_*), logged in one line."""
+        if self.dataset is None:
+            return {}
+        try:
+            summary = self.dataset._get_stats_summary()  # what Dataset.stats() prints
+        except Exception as error:  # statistics are a report, never a reason to fail the run
+            log.warning("raydata: Ray's statistics of this epoch are not available (%s)", error)
+            return {}
+        return ray_metrics(summary)
+
+
+def ray_metrics(summary: Any) -> dict[str, float]:
+    """From Ray Data's DatasetStatsSummary: the decode operator's tasks, the nodes they ran on,
+    their CPU and wall time, and the loop's time blocked on Ray's iterator."""
+    metrics: dict[str, float] = {}
+    for op in summary.operators_stats:
+        if "LoadBatch" not in op.operator_name:
+            continue
+        if op.node_count is not None:
+            metrics["ray_tasks"] = float(op.node_count.sum)
+            metrics["ray_nodes_used"] = float(op.node_count.count)
+            metrics["ray_tasks_per_node_min"] = float(op.node_count.min)
+            metrics["ray_tasks_per_node_max"] = float(op.node_count.max)
+        if op.cpu_time is not None:
+            metrics["ray_task_cpu_s"] = float(op.cpu_time.sum)
+        if op.wall_time is not None:
+            metrics["ray_task_wall_s"] = float(op.wall_time.sum)
+    blocked = getattr(summary.iter_stats, "block_time", None)
+    if blocked is not None and getattr(blocked, "get", None):
+        metrics["ray_iter_blocked_s"] = float(blocked.get())
+    if "ray_tasks" in metrics:
+        log.info(
+            "raydata: Ray ran %d decode tasks on %d node(s) (%d-%d a node), %.1f s of CPU "
+            "(read, decode, transform and collate, and Ray's block building: not broken down)",
+            metrics["ray_tasks"],
+            metrics["ray_nodes_used"],
+            metrics["ray_tasks_per_node_min"],
+            metrics["ray_tasks_per_node_max"],
+            metrics.get("ray_task_cpu_s", 0.0),
+        )
+    return metrics
+
+
+@contextmanager
+def ray_errors() -> Iterator[None]:
+    """Ray's errors in the epoch, as the one line facebench reports: a batch's own error (a
+    file that does not decode) as it was raised in the task; a dead worker or node as a
+    LoaderFailure that says what to do."""
+    from ray.exceptions import NodeDiedError, RayError, RayTaskError, WorkerCrashedError
+
+    try:
+        yield
+    except RayTaskError as error:
+        cause = getattr(error, "cause", None)
+        if isinstance(cause, BatchFailed) and cause.args:
+            raise cause.args[0] from None
+        if isinstance(cause, (WorkerCrashedError, NodeDiedError)):
+            raise _died(cause) from None
+        raise LoaderFailure(f"loader=raydata: a Ray task failed ({first_line(error)})") from None
+    except (WorkerCrashedError, NodeDiedError) as error:
+        raise _died(error) from None
+    except RayError as error:
+        raise LoaderFailure(f"loader=raydata: Ray failed mid-epoch ({first_line(error)})") from None
+
+
+def _died(error: Exception) -> FacebenchError:
+    who = "a Ray node" if "Node" in type(error).__name__ else "a Ray worker process"
+    return LoaderFailure(
+        f"loader=raydata: {who} died while decoding a batch (Ray: {first_line(error)}); it may "
+        "have been killed (the out-of-memory killer: see `dmesg` on its machine) or crashed "
+        "(its log: python-core-worker-*.log in /tmp/ray/session_latest/logs); use fewer "
+        "n_workers or a smaller batch_size, or let Ray run a lost batch again: "
+        "loader.max_retries=3"
+    )
+
+
+def object_store_bytes(ctx: LoaderContext) -> int:
+    """The local instance's object store: loader.object_store_mb, or room for four times the
+    batches in flight (each task's output, those prefetched), at least 512 MB."""
+    if ctx.options.object_store_mb:
+        return ctx.options.object_store_mb * 2**20
+    in_flight = max(1, ctx.n_workers) + ctx.options.prefetch_factor
+    return max(_MIN_OBJECT_STORE, 4 * in_flight * _batch_bytes(ctx))
+
+
+def _batch_bytes(ctx: LoaderContext) -> int:
+    normalized = DecodeStage.of(ctx).normalized
+    shape = (3, *ctx.geometry.cropped) if normalized else (*ctx.geometry.resized, 3)
+    return batch_bytes(ctx.batch_size, shape, normalized)
+
+
+def worker_memory(ctx: LoaderContext) -> int:
+    """A Ray worker process: its interpreter and libraries, the batch it builds, and its share
+    of the local object store."""
+    workers = max(1, ctx.n_workers)
+    store = 0 if ctx.options.address else object_store_bytes(ctx) // workers
+    return RAY_WORKER_BYTES + 2 * _batch_bytes(ctx) + store
+
+
+@contextmanager
+def session(ctx: LoaderContext) -> Iterator[dict[str, float]]:
+    """The job's Ray, for all its epochs: its start-up metrics (ray_start_s, ray_nodes,
+    ray_cpus)."""
+    with ray_cluster(ctx.options.address, max(1, ctx.n_workers), object_store_bytes(ctx)) as on:
+        yield on.metrics()
+
+
+def build(ctx: LoaderContext) -> RayBatches:
+    return RayBatches(ctx)
+
+
+LOADER = LoaderSpec(
+    options=Options,
+    build=build,
+    worker_memory=worker_memory,
+    traits=decoder_traits(Workers.process),
+    requires=Requirement("ray.data", "ray"),
+    session=session,
+    # Ray's object store holds the batches, in /dev/shm or, where that is too small, /tmp.
+    through_shared_memory=False,
+)
