@@ -121,13 +121,16 @@ def run_train(
     return json.loads((output / "results.json").read_text())["metrics"]
 
 
-def sweep_train(folder: Path, overrides: list[str]) -> list[dict[str, Any]]:
-    """One `python train.py -m` sweep into `folder` (its output in folder/sweep.log), MLflow off:
-    every job's whole results.json (params, status, metrics), in job order. A failed job does
-    not stop the sweep; the caller sees which jobs are missing or did not finish."""
+def sweep_train(
+    folder: Path, overrides: list[str], env: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """One `python train.py -m` sweep into `folder` (its output in folder/sweep.log), MLflow off,
+    with `env` added to its environment: every job's whole results.json (params, status,
+    metrics), in job order. A failed job does not stop the sweep; the caller sees which jobs are
+    missing or did not finish."""
     folder.mkdir(parents=True, exist_ok=True)
     sweep = ["train.py", "-m", "tracking=false", *overrides, f"hydra.sweep.dir={folder}"]
-    run_python(sweep, log=folder / "sweep.log", check=False)
+    run_python(sweep, log=folder / "sweep.log", check=False, env=env)
     return sweep_results(folder)
 
 

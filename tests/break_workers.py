@@ -49,6 +49,20 @@ def _no_room(root: str) -> int:
     return min([lowest_free, *in_flight])
 
 
+def ray_workers(me: psutil.Process) -> list[psutil.Process]:
+    """Ray's worker processes below this one: named for their task (ray::MapBatches(...)) or
+    ray::IDLE; not its agents (ray::DashboardAgent), whose loss stops the whole node."""
+    found = []
+    for child in me.children(recursive=True):
+        try:
+            name = child.cmdline()[0] if child.cmdline() else ""
+        except psutil.Error:
+            continue
+        if name.startswith("ray::") and not name.endswith("Agent"):
+            found.append(child)
+    return found
+
+
 def break_one(loader: str, mode: str, cache: str) -> None:
     overrides = [
         f"loader={loader}",
@@ -81,6 +95,10 @@ def break_one(loader: str, mode: str, cache: str) -> None:
             workers = [
                 c for c in me.children() if c.cmdline() == me.cmdline() and c.pid not in before
             ]
+            if not workers:  # Ray's: each killed, so that one is sure to be running a task
+                workers = ray_workers(me)
+                for worker in workers[1:]:
+                    worker.kill()
             if not workers:
                 print(f"{loader}: no worker processes to kill", flush=True)
                 return
@@ -93,12 +111,14 @@ def break_one(loader: str, mode: str, cache: str) -> None:
     limits = resource.getrlimit(resource.RLIMIT_NOFILE)
     started = time.perf_counter()
     try:
-        run_epoch(build, None, EpochSettings(torch.device("cpu"), loader_name=loader))
+        with module.held(ctx):  # the loader's service for the job, as the runner holds it
+            try:
+                run_epoch(build, None, EpochSettings(torch.device("cpu"), loader_name=loader))
+            finally:  # before the service stops: stopping Ray opens files
+                resource.setrlimit(resource.RLIMIT_NOFILE, limits)
         print(f"{loader}: no error", flush=True)
     except FacebenchError as error:
         print(f"{type(error).__name__}: {user_message(error)}", flush=True)
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, limits)
     print(f"{loader}: ended after {time.perf_counter() - started:.1f} s", flush=True)
 
 

@@ -137,18 +137,51 @@ def isolated_env(tmp_path: Path, empty_store: Path) -> dict[str, str]:
     return env
 
 
+@pytest.fixture(scope="session")
+def ray_here() -> Any:
+    """One local Ray instance for this process's loader=raydata cases (2 CPUs, a 512 MB object
+    store): each job then uses this connection and leaves it open, rather than starting and
+    stopping an instance of its own (7 s each). Starting and stopping is tested in
+    subprocesses (tests/test_raydata.py)."""
+    import ray
+
+    ray.init(
+        address="local",
+        num_cpus=2,
+        object_store_memory=512 * 2**20,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level=logging.ERROR,
+    )
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _raydata_cases_share_ray(request: pytest.FixtureRequest) -> None:
+    if _loader_of(request.node) == "raydata":
+        request.getfixturevalue("ray_here")
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects by marker
 def pytest_collection_modifyitems(config, items):
     """GPU tests are skipped, not deleted, where there is no CUDA device. A test run once per
     loader runs in the fast subset for the loaders of FAST_LOADERS only (every loader if it is
-    marked every_loader); the full suite runs it for all."""
+    marked every_loader); the full suite runs it for all. A loader=raydata case runs after all
+    others: its first one connects this process to Ray (Ray Data starts a local instance), and
+    no other loader's workers should then be forked from a process with Ray's threads."""
     import torch
 
     skip = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         if skip is not None and "gpu" in item.keywords:
             item.add_marker(skip)
-        params = getattr(item, "callspec", None)
-        loader = params and (params.params.get("loader") or params.params.get("name"))
+        loader = _loader_of(item)
         if loader in LOADERS and loader not in FAST_LOADERS and "every_loader" not in item.keywords:
             item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: _loader_of(item) == "raydata")  # stable: otherwise in order
+
+
+def _loader_of(item) -> str | None:
+    params = getattr(item, "callspec", None)
+    return params and (params.params.get("loader") or params.params.get("name"))

@@ -25,7 +25,12 @@ from tests.helpers import LOADERS, TRAITS
 
 FILL = Path(__file__).with_name("fill_shm.py")
 INSTALLED = [name for name in LOADERS if loaders.get(name).available()]
-PROCESS = [name for name in INSTALLED if TRAITS[name].workers == Workers.process]
+# Loaders whose worker processes hand batches over through /dev/shm (not Ray's object store).
+PROCESS = [
+    name
+    for name in INSTALLED
+    if TRAITS[name].workers == Workers.process and loaders.get(name).through_shared_memory
+]
 # Batch 600, two workers, loader only on the CPU, as the issue ran them; a batch for each worker.
 RUN = ["model=none", "n_workers=2", "batch_size=600", "data.n_images=1200", "device=cpu"]
 
@@ -217,7 +222,7 @@ def test_in_48_mb_every_loader_is_refused_in_one_line_or_runs(tmp_path, cache, i
         free = re.search(r"but /dev/shm has ([\d.]+) MiB free \(of 48.0 MiB\)", line).group(1)
         assert 47 < float(free) <= 48, line
         assert "docker run --shm-size=" in line and "resource_check=false" in line
-    for name in set(INSTALLED) - set(PROCESS):  # threads: no shared memory to run out of
+    for name in set(INSTALLED) - set(PROCESS):  # threads, Ray: no /dev/shm to run out of
         assert jobs[name]["status"] == "FINISHED" and jobs[name]["metrics"]["samples_seen"] == 1200
     assert status == 1
 

@@ -1,0 +1,233 @@
+"""loader=raydata's Ray: a local instance that lives as long as the job, a two-node cluster on
+this machine that decodes one epoch on both nodes, and the ways a run on Ray fails (a worker
+killed mid-epoch, an address that does not answer): one line, a FAILED run, nothing left."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import mlflow
+import psutil
+import pytest
+
+from facebench.errors import LoaderFailure
+from facebench.loaders import ray_cluster
+from facebench.loaders.raydata import stage_rows, stage_times
+from facebench.paths import PROJECT_ROOT
+from facebench.stages import StageTimes
+
+pytest.importorskip("ray.data")
+
+
+def _ray_processes() -> set[int]:
+    """Every Ray server process on this machine (GCS, raylets) and Ray's workers."""
+    found = set()
+    for process in psutil.process_iter(["name", "cmdline"]):
+        try:
+            line = process.info["cmdline"] or []
+            name = process.info["name"] or ""
+        except psutil.Error:
+            continue
+        first = line[0] if line else ""
+        if name in ("gcs_server", "raylet") or first.startswith("ray::"):
+            found.add(process.pid)
+    return found
+
+
+def _train(tmp_path: Path, env: dict, cache: Path, *overrides: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(PROJECT_ROOT / "train.py"),
+            "loader=raydata",
+            f"data.cache_dir={cache}",
+            "model=none",
+            "device=cpu",
+            "n_workers=2",
+            f"hydra.run.dir={tmp_path / 'out'}",
+            *overrides,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+
+
+def _results(tmp_path: Path) -> dict:
+    return json.loads((tmp_path / "out" / "results.json").read_text())
+
+
+def _mlflow_status(env: dict) -> str:
+    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+    (run,) = mlflow.search_runs(experiment_names=["facebench"], output_format="list")
+    return run.info.status
+
+
+def _gone(before: set[int], timeout: float = 20.0) -> set[int]:
+    """Ray processes started since `before` that are still running after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while (left := _ray_processes() - before) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def test_stage_times_travel_in_the_first_row():
+    times = StageTimes((1, 2, 3, 4), (5, 6, 7, 8), 9, (10, 2**40), 11)
+    rows = stage_rows(times, 3)
+    assert rows.shape == (3, 12) and not rows[1:].any()
+    import torch
+
+    assert stage_times(torch.from_numpy(rows)) == times
+    assert stage_times(torch.from_numpy(stage_rows(None, 3))) is None
+
+
+def test_addresses_read_as_ray_reads_them():
+    assert ray_cluster.host_port("10.0.0.1") == ("10.0.0.1", ray_cluster.GCS_PORT)
+    assert ray_cluster.host_port("head:6390") == ("head", 6390)
+    assert ray_cluster.host_port("ray://head") == ("head", ray_cluster.CLIENT_PORT)
+    assert ray_cluster.host_port("ray://head:10002") == ("head", 10002)
+    with pytest.raises(LoaderFailure, match="not a Ray address"):
+        ray_cluster.host_port("head:port")
+
+
+def test_a_local_instance_lives_as_long_as_the_job(tmp_path, cache, isolated_env):
+    before = _ray_processes()
+    run = _train(
+        tmp_path,
+        isolated_env,
+        cache,
+        "data.n_images=120",
+        "batch_size=8",
+        "loader.images_per_task=24",  # three batches a task
+        "epochs=2",
+    )
+    output, _ = run.communicate(timeout=300)
+    assert run.returncode == 0, output[-3000:]
+    results = _results(tmp_path)
+    metrics = results["metrics"]
+    assert results["status"] == "FINISHED" and _mlflow_status(isolated_env) == "FINISHED"
+    # Started once, outside both epochs' clocks: ray_start_s is the job's, logged once.
+    assert metrics["ray_start_s"] > 0 and metrics["ray_nodes"] == 1 and metrics["ray_cpus"] == 2
+    assert metrics["measured_epochs"] == 2
+    assert metrics["time_to_first_batch_s"] < metrics["ray_start_s"] + metrics["epoch_time_s"]
+    assert metrics["ray_tasks"] == 120 // 24 and metrics["ray_nodes_used"] == 1
+    assert metrics["samples_unique"] == metrics["samples_seen"] == 120
+    assert "a local Ray instance: 1 node(s), 2 CPUs" in output
+    assert not _gone(before), "the job's Ray processes outlived it"
+
+
+def _decode_workers(before: set[int]) -> list[psutil.Process]:
+    """The run's Ray workers: named for the task they run, or idle (not Ray's own actors,
+    ray::_StatsActor, nor its agents)."""
+    found = []
+    for pid in _ray_processes() - before:
+        try:
+            process = psutil.Process(pid)
+            name = process.cmdline()[0]
+        except (psutil.Error, IndexError):
+            continue
+        if name.startswith(("ray::MapBatches", "ray::IDLE")):
+            found.append(process)
+    return found
+
+
+def test_a_killed_ray_worker_fails_the_run_in_one_line(tmp_path, cache, isolated_env):
+    before = _ray_processes()
+    run = _train(tmp_path, isolated_env, cache, "data.n_images=600", "batch_size=2", "repeat=50")
+    deadline = time.monotonic() + 120
+    lines = []
+    for line in run.stdout:
+        lines.append(line)
+        if "raydata: a local Ray instance" in line or time.monotonic() > deadline:
+            break  # Ray is up; its decode tasks start with the first epoch
+    workers: list[psutil.Process] = []
+    while time.monotonic() < deadline:  # until a decode task runs: mid-epoch
+        workers = _decode_workers(before)
+        if any(w.cmdline()[0].startswith("ray::MapBatches") for w in workers):
+            break
+        time.sleep(0.05)
+    assert workers, "".join(lines)[-3000:]
+    for worker in workers:  # every one: a worker between two tasks would just be replaced
+        worker.kill()
+    rest, _ = run.communicate(timeout=120)
+    output = "".join(lines) + rest
+    assert run.returncode == 1, output[-3000:]
+    errors = [line for line in output.splitlines() if "[ERROR]" in line]
+    assert len(errors) == 1, output[-3000:]
+    assert "loader=raydata: a Ray worker process died" in errors[0]
+    assert "n_workers" in errors[0] and "loader.max_retries" in errors[0]
+    assert "Traceback" not in output
+    assert _results(tmp_path)["status"] == "FAILED" and _mlflow_status(isolated_env) == "FAILED"
+    assert not _gone(before), "Ray processes outlived the failed run"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_an_address_that_does_not_answer_fails_the_run_in_one_line(tmp_path, cache, isolated_env):
+    before = _ray_processes()
+    address = f"127.0.0.1:{_free_port()}"
+    started = time.monotonic()
+    run = _train(
+        tmp_path,
+        isolated_env,
+        cache,
+        "data.n_images=120",
+        "batch_size=8",
+        f"loader.address={address}",
+    )
+    output, _ = run.communicate(timeout=120)
+    assert run.returncode == 1, output[-3000:]
+    errors = [line for line in output.splitlines() if "[ERROR]" in line]
+    assert len(errors) == 1, output[-3000:]
+    assert f"loader.address={address}: no Ray cluster answers at {address}" in errors[0]
+    assert "ray start --head" in errors[0]
+    assert time.monotonic() - started < 60  # refused in seconds, not after Ray's retries
+    assert _results(tmp_path)["status"] == "FAILED" and _mlflow_status(isolated_env) == "FAILED"
+    assert not _gone(before, timeout=1.0)
+
+
+@pytest.fixture
+def two_nodes(isolated_env: dict) -> Iterator[ray_cluster.NodesHere]:
+    """Two Ray nodes on this machine, one CPU each, as on two machines: `ray start --head` and
+    `ray start --address`, with a token of their own; stopped by their own processes' PIDs,
+    every one of which must then be gone (one_machine_cluster raises otherwise)."""
+    with ray_cluster.one_machine_cluster(2, 1, isolated_env) as nodes:
+        yield nodes
+    assert not ray_cluster.cluster_processes(nodes.temp_dir, nodes.port)
+
+
+def test_two_nodes_decode_one_epoch_each_sample_once(tmp_path, cache, two_nodes):
+    address, env = two_nodes.address, two_nodes.env
+    run = _train(
+        tmp_path,
+        env,
+        cache,
+        "data.n_images=600",
+        "batch_size=20",
+        "loader.images_per_task=20",  # a task a batch: 30 tasks for two CPUs on two nodes
+        f"loader.address={address}",
+    )
+    output, _ = run.communicate(timeout=300)
+    assert run.returncode == 0, output[-3000:]
+    metrics = _results(tmp_path)["metrics"]
+    # Ray's own statistics: its decode tasks ran on both nodes.
+    assert metrics["ray_nodes"] == 2 and metrics["ray_cpus"] == 2
+    assert metrics["ray_nodes_used"] == 2 and metrics["ray_tasks_per_node_min"] >= 1
+    assert metrics["ray_tasks"] == 600 // 20
+    assert metrics["samples_unique"] == metrics["samples_seen"] == 600
+    assert f"the Ray cluster at {address}: 2 node(s), 2 CPUs" in output
+    # The job joined the cluster and left it running: both its raylets are still there.
+    processes = ray_cluster.cluster_processes(two_nodes.temp_dir, two_nodes.port)
+    raylets = [p for p in processes if p.name() == "raylet"]
+    assert len(raylets) == 2, "joining the cluster should leave both its nodes running"
