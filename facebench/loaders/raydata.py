@@ -14,10 +14,11 @@ cluster, joined and left running. Its start-up is `ray_start_s`, outside every e
 
 Order, rank split and crops are the epoch plan's, as for every loader: each block holds whole
 batches of the plan, Ray Data keeps their order (`preserve_order`), so iter_torch_batches cuts
-them where the plan does, and uint8 batches carry the plan's crop offsets. torchrun ranks each run their own Dataset over their share of the plan (batch b
-goes to rank b % world_size), not `streaming_split`: the ranks are separate Ray drivers with no
-Dataset in common, and streaming_split hands a block to whichever rank asks first, so ranks
-would not get the plan's batches.
+them where the plan does, and uint8 batches carry the plan's crop offsets. torchrun ranks each
+run their own Dataset over their share of the plan (batch b goes to rank b % world_size), not
+`streaming_split`: the ranks are separate Ray drivers with no Dataset in common, and
+streaming_split hands a block to whichever rank asks first, so ranks would not get the plan's
+batches.
 
 Stage times: each task runs the shared decode stage, which times read, decode, transform and
 collate in the Ray worker; they travel with the batch, as a column. Ray's own per-operator
@@ -57,9 +58,10 @@ from facebench.stages import WORKER_STAGES, StageTimes
 
 log = logging.getLogger(__name__)
 
-# A Ray worker process's own memory: an interpreter with torch, pyarrow, Ray Data and the
-# decoders imported (measured: 330-360 MB resident on this project's pinned versions).
-RAY_WORKER_BYTES = 360 * 2**20
+# A Ray worker process's own memory: an interpreter of its own (spawned, not forked: nothing
+# shared with the loop's) with torch, pyarrow, Ray Data and the decoders imported. Measured
+# on the pinned versions: 455 MB unique to each (818 MB resident) once warmed.
+RAY_WORKER_BYTES = 460 * 2**20
 _MIN_OBJECT_STORE = 512 * 2**20
 _N = len(WORKER_STAGES)
 # A batch's stage times, as one row of int64: wall ns, CPU ns per stage, the producer's CPU
@@ -92,8 +94,8 @@ class BatchFailed(Exception):
 
 
 class LoadBatch:
-    """In a Ray task: one block of rows (a batch of the plan) -> its columns, by the shared
-    decode stage, with its stage times as a column (on the first row)."""
+    """In a Ray task: one batch's rows (sample id, path, label, source) -> its columns, by the
+    shared decode stage, with its stage times as a column (on the first row)."""
 
     def __init__(self, stage: DecodeStage, timing: bool) -> None:
         self.stage = stage
