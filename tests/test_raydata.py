@@ -109,6 +109,7 @@ def test_addresses_read_as_ray_reads_them():
         ray_cluster.host_port("head:port")
 
 
+@pytest.mark.slow  # a train.py process and a Ray instance or cluster
 def test_a_local_instance_lives_as_long_as_the_job(tmp_path, cache, isolated_env):
     before = _ray_processes()
     run = _train(
@@ -149,6 +150,7 @@ def _decoding(before: set[int]) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.slow  # a train.py process and a Ray instance or cluster
 def test_a_killed_ray_worker_fails_the_run_in_one_line(tmp_path, cache, isolated_env):
     before = _ray_processes()
     run = _train(tmp_path, isolated_env, cache, "data.n_images=600", "batch_size=2", "repeat=50")
@@ -191,6 +193,7 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+@pytest.mark.slow  # a train.py process and a Ray instance or cluster
 def test_an_address_that_does_not_answer_fails_the_run_in_one_line(tmp_path, cache, isolated_env):
     before = _ray_processes()
     address = f"127.0.0.1:{_free_port()}"
@@ -224,6 +227,7 @@ def two_nodes(isolated_env: dict) -> Iterator[ray_one_machine.NodesHere]:
     assert not ray_one_machine.cluster_processes(nodes.temp_dir, nodes.port)
 
 
+@pytest.mark.slow  # a train.py process and a Ray instance or cluster
 def test_two_nodes_decode_one_epoch_each_sample_once(tmp_path, cache, two_nodes):
     address, env = two_nodes.address, two_nodes.env
     run = _train(

@@ -211,9 +211,10 @@ def _ready(address: str, started: float, connected_before: bool) -> Cluster:
     warm = ray.remote(num_cpus=1)(_import_decode_stage)
     ray.get([warm.remote() for _ in range(max(1, int(cpus)))])
     nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
-    return Cluster(
-        address, nodes, cpus, time.perf_counter() - started, not connected_before and not address
-    )
+    started_here = not connected_before and not address
+    if address == "auto":  # say which cluster "auto" found
+        address = f"auto ({ray.get_runtime_context().gcs_address})"
+    return Cluster(address, nodes, cpus, time.perf_counter() - started, started_here)
 
 
 def _import_decode_stage() -> int:
