@@ -113,7 +113,7 @@ def _start_local(cpus: int, object_store_bytes: int) -> None:
     except Exception as error:
         raise LoaderFailure(
             f"loader=raydata: could not start a local Ray instance ({first_line(error)}); "
-            "`ray status` and /tmp/ray/session_latest/logs say more"
+            "Ray's logs say more: /tmp/ray/session_latest/logs (or under $RAY_TMPDIR, $TMPDIR)"
         ) from None
 
 
