@@ -3,6 +3,7 @@ node and on a two-node cluster.
 
     python bench/raydata.py                  # about 15 minutes on 2 cores
     python bench/raydata.py --rounds 1 --counts 1 2
+    python bench/raydata.py --skip cpus --address auto --counts 1 2 4 8   # on a real cluster
 
 Table `raydata-cpus`: the --images synthetic set (20,000), host side (model=none,
 host_only=true), warm page cache, batch --batch-size, every loader at the same --workers (2
@@ -17,7 +18,8 @@ images/s each (bench/accelerators.py's settings: 4,800 images, batch 40), for no
 (decoder=fast), raydata on a local instance (one node, --workers CPUs per emulated
 accelerator's process) and raydata on a two-node Ray cluster on this machine (`ray start
 --head` and `ray start --address`, one CPU each: the same two cores, so it shows what a cluster
-costs here, not what more machines bring; docs/scaling.md for real ones).
+costs here, not what more machines bring), or, with --address, a running cluster (set up as
+docs/scaling.md says, from the GPU host).
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ def start(argv: list[str] | None) -> Bench:
     arguments.add_argument("--counts", nargs="+", type=int, default=[1, 2, 4])
     arguments.add_argument("--rate", type=float, default=400.0)
     arguments.add_argument("--skip", nargs="*", default=[], choices=["cpus", "accelerators"])
+    arguments.add_argument(
+        "--address", default="", help="a running Ray cluster (auto, host:port) to measure instead"
+    )
     return Bench.start(arguments, argv)
 
 
@@ -124,13 +129,19 @@ def accelerator_section(bench: Bench, scratch: Path) -> str:
     local = sweep_train(scratch / "local", [*base, "loader=raydata"])
     one_node = f"one node: a local instance of {args.workers} CPUs each"
     rows.append(["raydata", one_node, *_fed(local)])
-    with one_machine_cluster(n_nodes=2, cpus_per_node=1) as cluster:
+    if args.address:  # a real cluster, joined as docs/scaling.md starts one
         joined = sweep_train(
-            scratch / "cluster",
-            [*base, "loader=raydata", f"loader.address={cluster.address}"],
-            env=cluster.env,
+            scratch / "cluster", [*base, "loader=raydata", f"loader.address={args.address}"]
         )
-    rows.append(["raydata", "a two-node cluster on this host, 1 CPU a node", *_fed(joined)])
+        rows.append(["raydata", f"the Ray cluster at {args.address}", *_fed(joined)])
+    else:
+        with one_machine_cluster(n_nodes=2, cpus_per_node=1) as cluster:
+            joined = sweep_train(
+                scratch / "cluster",
+                [*base, "loader=raydata", f"loader.address={cluster.address}"],
+                env=cluster.env,
+            )
+        rows.append(["raydata", "a two-node cluster on this host, 1 CPU a node", *_fed(joined)])
     header = [
         "loader",
         "where it decodes",
