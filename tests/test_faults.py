@@ -9,7 +9,6 @@ import random
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,7 +27,7 @@ from facebench.paths import PROJECT_ROOT
 from facebench.shards import room
 from facebench.shards.build import ensure_shards
 from facebench.shards.manifest import Manifest
-from tests.helpers import HOLD_LOCK, context, delivered, prepared, workers_up
+from tests.helpers import HOLD_LOCK, context, delivered, free_port, prepared, workers_up
 
 pytestmark = pytest.mark.slow
 
@@ -208,9 +207,7 @@ def test_a_store_that_cannot_be_written_is_reported_within_seconds(tmp_path, mon
 
 
 def test_an_unreachable_tracking_server_fails_within_seconds(tmp_path, cache, isolated_env):
-    with socket.socket() as probe:  # a port on this machine that nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # a port on this machine that nothing listens on
     env = dict(isolated_env, MLFLOW_TRACKING_URI=f"http://127.0.0.1:{port}")
     result = subprocess.run(
         [

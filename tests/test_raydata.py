@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from facebench.loaders import ray_cluster, ray_one_machine
 from facebench.loaders.raydata import stage_rows, stage_times
 from facebench.paths import PROJECT_ROOT
 from facebench.stages import StageTimes
+from tests.helpers import free_port
 
 pytest.importorskip("ray.data")
 
@@ -187,16 +187,10 @@ def test_a_killed_ray_worker_fails_the_run_in_one_line(tmp_path, cache, isolated
     assert not _gone(before), "Ray processes outlived the failed run"
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.mark.slow  # a train.py process and a Ray instance or cluster
 def test_an_address_that_does_not_answer_fails_the_run_in_one_line(tmp_path, cache, isolated_env):
     before = _ray_processes()
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     started = time.monotonic()
     run = _train(
         tmp_path,

@@ -8,7 +8,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ from facebench.results import TRACKING_LOST, JobResults
 from facebench.runner import run_training
 from facebench.tracking import failure_reason, rounded
 from facebench.upload import UPLOADED_TAG, upload_all
-from tests.helpers import workers_up
+from tests.helpers import free_port, workers_up
 
 
 def job_metrics(run) -> dict[str, float]:
@@ -162,12 +161,6 @@ def test_upload_names_a_folder_with_nothing_to_upload(tmp_path, store, caplog):
 
 
 # With a real tracking server, started and stopped by the test.
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Server:
