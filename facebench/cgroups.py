@@ -90,6 +90,13 @@ def oom_kills(root: Path = Path("/")) -> int:
     return 0
 
 
+def memory_cgroup(root: Path = Path("/")) -> str:
+    """This process's own memory cgroup, as a folder (what `oom_kills` counts in), or ""."""
+    for _, folder in _own_cgroups(root, "memory"):
+        return str(folder[0])
+    return ""
+
+
 def _own_cgroups(root: Path, controller: str) -> list[tuple[int, list[Path]]]:
     """For each hierarchy that holds `controller`: its version, and the folders from this
     process's cgroup up to the mount's root."""

@@ -32,6 +32,8 @@ from typing import Any
 
 import psutil
 
+from facebench import cgroups
+
 log = logging.getLogger(__name__)
 
 LOCK_TAG = "owner_lock"
@@ -42,11 +44,15 @@ USER_TAG = "owner_uid"
 BOOT_TAG = "owner_boot"
 NAMESPACE_TAG = "owner_pid_namespace"
 ENDED_TAG = "ended_by"
+# The owner's memory cgroup and the OOM kills it had counted as the run began: the kernel's
+# word, later, on whether its OOM killer is what ended the owner.
+CGROUP_TAG = "owner_memory_cgroup"
+OOM_KILLS_TAG = "owner_oom_kills"
 _SAME_START_S = 1.0
-GONE = (
-    "its process ended without ending the run: it was killed outright (the kernel's OOM killer "
-    "at a memory limit, or SIGKILL), or it lost the MLflow store mid-run (then `python -m "
-    "facebench.upload <its output folder>` puts in what its results.json kept)"
+GONE = "its process ended without ending the run"
+_LOST_STORE = (
+    "or it lost the MLflow store mid-run (then `python -m facebench.upload <its output folder>` "
+    "puts in what its results.json kept)"
 )
 
 
@@ -75,6 +81,8 @@ class Ownership:
             USER_TAG: str(os.getuid()),
             BOOT_TAG: _boot_id(),
             NAMESPACE_TAG: _pid_namespace(),
+            CGROUP_TAG: cgroups.memory_cgroup(),
+            OOM_KILLS_TAG: str(cgroups.oom_kills()),
         }
         if self._lock is not None:
             tags[LOCK_TAG] = self.token
@@ -102,11 +110,38 @@ def close_orphans(client: Any, experiment_id: str, uri: str) -> list[str]:
         with _owner_gone(run.data.tags, folder) as gone:
             if not gone or client.get_run(run.info.run_id).info.status != "RUNNING":
                 continue
-            client.set_tag(run.info.run_id, ENDED_TAG, GONE)
+            why = ended_by(run.data.tags)
+            client.set_tag(run.info.run_id, ENDED_TAG, why)
             client.set_terminated(run.info.run_id, status="KILLED")
         closed.append(run.info.run_name)
-        log.warning("run %s was still RUNNING, but %s: marked KILLED", run.info.run_name, GONE)
+        log.warning("run %s was still RUNNING, but %s: marked KILLED", run.info.run_name, why)
     return closed
+
+
+def ended_by(tags: dict[str, str]) -> str:
+    """Why a run's owner is gone, as far as the kernel says: the OOM killer only where the
+    owner's memory cgroup (this process's too, so it can be read) counted a kill since the run
+    began."""
+    try:
+        before = int(tags[OOM_KILLS_TAG])
+    except (KeyError, ValueError):
+        before = None
+    if before is None or not tags.get(CGROUP_TAG) or tags[CGROUP_TAG] != cgroups.memory_cgroup():
+        return (
+            f"{GONE}: it was killed outright (SIGKILL, or the kernel's OOM killer: `dmesg` on its "
+            f"machine says which), or it crashed, {_LOST_STORE}"
+        )
+    kills = cgroups.oom_kills() - before
+    if kills > 0:
+        return (
+            f"{GONE}: the kernel's OOM killer killed {kills} process(es) of its memory cgroup "
+            f"({tags[CGROUP_TAG]}) since the run began, most likely this one; use fewer "
+            "n_workers or a smaller batch_size, or raise the memory limit"
+        )
+    return (
+        f"{GONE}, and the kernel's OOM killer killed nothing in its memory cgroup meanwhile: it "
+        f"was killed (SIGKILL) or crashed, {_LOST_STORE}"
+    )
 
 
 @contextlib.contextmanager

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import random
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,17 +65,20 @@ def run_training(
     tracker.check_store()  # in seconds, before any long work
     results = JobResults(job.name(cfg), job.params(cfg), job.tags(sweep_id), multirun=multirun)
     results.tags["job_id"] = results.job_id  # how facebench.upload finds this run again
-    try:
-        ready = _get_ready(cfg, job, results)
-        with tracker.run(results.run_name, results.params, results.tags, system_metrics=True):
-            _run_recorded(cfg, job, tracker, results, output_dir, ready)
-    finally:
-        # Written again: the store may have failed after the copy MLflow took, or at the end.
-        results.end_time_ms = now_ms()
-        if tracker.lost is not None:
-            results.tracking, results.tracking_error = TRACKING_LOST, tracker.lost
-        if output_dir is not None:
-            results.write(output_dir)
+    # The loader's service (Ray) is left last: its shutdown is the one step that could end
+    # this process, so the MLflow run has ended and results.json is on disk before it.
+    with ExitStack() as service:
+        try:
+            ready = _get_ready(cfg, job, results, service)
+            with tracker.run(results.run_name, results.params, results.tags, system_metrics=True):
+                _run_recorded(cfg, job, tracker, results, output_dir, ready)
+        finally:
+            # Written again: the store may have failed after the copy MLflow took, or at the end.
+            results.end_time_ms = now_ms()
+            if tracker.lost is not None:
+                results.tracking, results.tracking_error = TRACKING_LOST, tracker.lost
+            if output_dir is not None:
+                results.write(output_dir)
     if tracker.lost is not None:
         raise TrackingLost(
             f"run {results.run_name} finished but is not in MLflow ({tracker.lost}); "
@@ -97,10 +101,11 @@ class _Ready:
     ctx: LoaderContext
 
 
-def _get_ready(cfg: TrainConfig, job: Job, results: JobResults) -> _Ready:
+def _get_ready(cfg: TrainConfig, job: Job, results: JobResults, service: ExitStack) -> _Ready:
     """Everything that can refuse the run on its config, data or resources, before its MLflow
     run opens (a typo in data.root leaves no FAILED run behind): the data listed and checked,
-    the loader's library, its shards built, its workers held against the memory."""
+    the loader's library, its shards built, its workers held against the memory, its service
+    for the job (Ray's cluster) started, in `service`."""
     try:
         _seed_everything(cfg.seed)
         data = list_data(cfg, job.world)
@@ -109,6 +114,7 @@ def _get_ready(cfg: TrainConfig, job: Job, results: JobResults) -> _Ready:
         ctx = loaders.context(cfg, loader, data.listing, job.device, job.world)
         held = batches_held(job.device, cfg.host_only or job.accelerator is not None)
         results.metrics.update(loaders.set_up(cfg, loader, ctx, job.world, loop_holds=held))
+        results.metrics.update(service.enter_context(loader.held(ctx)))
     except BaseException as error:
         stop = interruption(error)
         if stop is None:
@@ -192,9 +198,7 @@ def _run(cfg: TrainConfig, job: Job, tracker: Tracker, results: JobResults, read
         consumer,
         cfg.cache,
     )
-    with loader.held(ctx) as held:  # a loader's service for the job: Ray's cluster
-        metrics.update(held)
-        per_epoch = measure(cfg, job, loader, ctx, trainer, tracker, results.epochs)
+    per_epoch = measure(cfg, job, loader, ctx, trainer, tracker, results.epochs)
     summary = summarise(per_epoch)
     metrics.update({**per_epoch[-1], **summary})  # the last epoch's, and the summaries
     tracker.log_metrics({**summary, **{k: v for k, v in metrics.items() if k in ONCE}})

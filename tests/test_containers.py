@@ -310,6 +310,23 @@ def statuses(client, ids: dict[str, str]) -> dict[str, str]:
     return {name: client.get_run(run_id).info.status for name, run_id in ids.items()}
 
 
+def test_a_gone_owner_is_put_down_to_the_oom_killer_only_when_its_cgroup_counted_a_kill(
+    monkeypatch,
+):
+    tags = run_owner.Ownership("").tags()
+    assert tags[run_owner.OOM_KILLS_TAG] == str(cgroups.oom_kills())
+    quiet = run_owner.ended_by(tags)
+    assert "OOM killer killed nothing" in quiet and "killed 1" not in quiet
+    counted = cgroups.oom_kills() + 2
+    monkeypatch.setattr(cgroups, "oom_kills", lambda root=None: counted)
+    if tags.get(run_owner.CGROUP_TAG):  # a machine whose memory cgroup can be read
+        assert "OOM killer killed 2 process(es)" in run_owner.ended_by(tags)
+    elsewhere = {**tags, run_owner.CGROUP_TAG: "/another/container"}
+    unknown = run_owner.ended_by(elsewhere)
+    assert "dmesg" in unknown and "killed nothing" not in unknown and "killed 2" not in unknown
+    assert "dmesg" in run_owner.ended_by({})  # a run opened before these tags
+
+
 def test_in_a_sqlite_store_a_run_whose_lock_is_free_is_closed(store):
     client, uri, experiment = store
     owners = {name: run_owner.Ownership(uri) for name in ("alive", "killed", "lost")}
@@ -327,7 +344,9 @@ def test_in_a_sqlite_store_a_run_whose_lock_is_free_is_closed(store):
         "lost": "KILLED",
         "untagged": "RUNNING",
     }
-    assert client.get_run(ids["killed"]).data.tags[run_owner.ENDED_TAG] == run_owner.GONE
+    why = client.get_run(ids["killed"]).data.tags[run_owner.ENDED_TAG]
+    # Not put down to the OOM killer: its cgroup (this process's) counted no kill meanwhile.
+    assert why.startswith(run_owner.GONE) and "OOM killer killed nothing" in why
     assert [path.name for path in owners["alive"].path.parent.iterdir()] == [
         owners["alive"].path.name  # the closed run's lock file went with it
     ]
@@ -424,7 +443,9 @@ def test_a_run_killed_outright_is_marked_killed_by_the_next_run(tmp_path, cache,
     assert next_run.returncode == 0, said
     runs = mlflow.search_runs(experiment_names=["facebench"], output_format="list")
     status = sorted((run.info.status, run.data.tags.get(run_owner.ENDED_TAG, "")) for run in runs)
-    assert status == [("FINISHED", ""), ("KILLED", run_owner.GONE)]
+    assert [state for state, _ in status] == ["FINISHED", "KILLED"]
+    # SIGKILL, not the OOM killer, and the kernel's count of OOM kills says so.
+    assert status[1][1].startswith(run_owner.GONE) and "OOM killer killed nothing" in status[1][1]
     assert "was still RUNNING" in said and "marked KILLED" in said
     assert list((tmp_path / "mlflow.db-owners").iterdir()) == []  # no lock left behind
 

@@ -1,6 +1,7 @@
 """loader=raydata's Ray: a local instance that lives as long as the job, a two-node cluster on
 this machine that decodes one epoch on both nodes, and the ways a run on Ray fails (a worker
-killed mid-epoch, an address that does not answer): one line, a FAILED run, nothing left."""
+killed mid-epoch, an address that does not answer): one line, a FAILED run (or, refused
+before it began, none), nothing left."""
 
 from __future__ import annotations
 
@@ -18,27 +19,13 @@ import pytest
 
 from facebench.errors import LoaderFailure
 from facebench.loaders import ray_cluster, ray_one_machine
+from facebench.loaders.ray_one_machine import ray_processes
 from facebench.loaders.raydata import stage_rows, stage_times
 from facebench.paths import PROJECT_ROOT
 from facebench.stages import StageTimes
 from tests.helpers import free_port
 
 pytest.importorskip("ray.data")
-
-
-def _ray_processes() -> set[int]:
-    """Every Ray server process on this machine (GCS, raylets) and Ray's workers."""
-    found = set()
-    for process in psutil.process_iter(["name", "cmdline"]):
-        try:
-            line = process.info["cmdline"] or []
-            name = process.info["name"] or ""
-        except psutil.Error:
-            continue
-        first = line[0] if line else ""
-        if name in ("gcs_server", "raylet") or first.startswith("ray::"):
-            found.add(process.pid)
-    return found
 
 
 def _train(tmp_path: Path, env: dict, cache: Path, *overrides: str) -> subprocess.Popen:
@@ -76,16 +63,20 @@ def _results(tmp_path: Path) -> dict:
     return json.loads((tmp_path / "out" / "results.json").read_text())
 
 
-def _mlflow_status(env: dict) -> str:
+def _mlflow_runs(env: dict) -> list:
     mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
-    (run,) = mlflow.search_runs(experiment_names=["facebench"], output_format="list")
+    return mlflow.search_runs(experiment_names=["facebench"], output_format="list")
+
+
+def _mlflow_status(env: dict) -> str:
+    (run,) = _mlflow_runs(env)
     return run.info.status
 
 
 def _gone(before: set[int], timeout: float = 20.0) -> set[int]:
     """Ray processes started since `before` that are still running after `timeout`."""
     deadline = time.monotonic() + timeout
-    while (left := _ray_processes() - before) and time.monotonic() < deadline:
+    while (left := ray_processes() - before) and time.monotonic() < deadline:
         time.sleep(0.2)
     return left
 
@@ -111,7 +102,7 @@ def test_addresses_read_as_ray_reads_them():
 
 @pytest.mark.slow  # a train.py process and a Ray instance or cluster
 def test_a_local_instance_lives_as_long_as_the_job(tmp_path, cache, isolated_env):
-    before = _ray_processes()
+    before = ray_processes()
     run = _train(
         tmp_path,
         isolated_env,
@@ -136,11 +127,34 @@ def test_a_local_instance_lives_as_long_as_the_job(tmp_path, cache, isolated_env
     assert not _gone(before), "the job's Ray processes outlived it"
 
 
+@pytest.mark.slow  # a Ray instance
+def test_an_epoch_cut_short_leaves_no_ray_data_thread_at_shutdown(isolated_env):
+    """Ray Data's threads left by an epoch that stopped early (its block prefetcher) end
+    before Ray's shutdown, which one of them calling into Ray afterwards would turn into the
+    process's end; the script then shuts Ray down and exits 0."""
+    before = ray_processes()
+    script = PROJECT_ROOT / "tests" / "ray_cut_short.py"
+    run = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env=isolated_env,
+        cwd=PROJECT_ROOT,
+        timeout=300,
+    )
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-3000:]
+    cut = next(line for line in run.stdout.splitlines() if line.startswith("after the cut:"))
+    assert cut != "after the cut: []", "the cut left no thread: the check proves nothing"
+    assert "after end_threads: [] []" in run.stdout and "shut down" in run.stdout, output
+    assert not _gone(before)
+
+
 def _decoding(before: set[int]) -> list[psutil.Process]:
     """The run's Ray workers running a decode task now (named for it: ray::MapBatches(...)).
     Not idle ones: killing a worker before it is given a task only makes Ray start another."""
     found = []
-    for pid in _ray_processes() - before:
+    for pid in ray_processes() - before:
         try:
             process = psutil.Process(pid)
             if process.cmdline()[0].startswith("ray::MapBatches"):
@@ -152,7 +166,7 @@ def _decoding(before: set[int]) -> list[psutil.Process]:
 
 @pytest.mark.slow  # a train.py process and a Ray instance or cluster
 def test_a_killed_ray_worker_fails_the_run_in_one_line(tmp_path, cache, isolated_env):
-    before = _ray_processes()
+    before = ray_processes()
     run = _train(tmp_path, isolated_env, cache, "data.n_images=600", "batch_size=2", "repeat=50")
     lines = []
     try:
@@ -189,7 +203,7 @@ def test_a_killed_ray_worker_fails_the_run_in_one_line(tmp_path, cache, isolated
 
 @pytest.mark.slow  # a train.py process and a Ray instance or cluster
 def test_an_address_that_does_not_answer_fails_the_run_in_one_line(tmp_path, cache, isolated_env):
-    before = _ray_processes()
+    before = ray_processes()
     address = f"127.0.0.1:{free_port()}"
     started = time.monotonic()
     run = _train(
@@ -207,7 +221,8 @@ def test_an_address_that_does_not_answer_fails_the_run_in_one_line(tmp_path, cac
     assert f"loader.address={address}: no Ray cluster answers at {address}" in errors[0]
     assert "ray start --head" in errors[0]
     assert time.monotonic() - started < 60  # refused in seconds, not after Ray's retries
-    assert _results(tmp_path)["status"] == "FAILED" and _mlflow_status(isolated_env) == "FAILED"
+    # Refused while getting ready, as a wrong data.root is: no MLflow run, results.json kept.
+    assert _results(tmp_path)["status"] == "FAILED" and not _mlflow_runs(isolated_env)
     assert not _gone(before, timeout=1.0)
 
 

@@ -84,9 +84,35 @@ def signal_name(code: int) -> str:
     return f"exited with code {code}"
 
 
+# How running out of descriptors reads where no errno is left: Python's "Too many open files",
+# a descriptor passed over a socket cut off ("received malformed or improperly-truncated
+# ancillary data": multiprocessing's resource sharer), torch's own words when dup() fails.
+_DESCRIPTOR_WORDS = (
+    "Too many open files",
+    "ancillary data",
+    "ancdata",
+    "could not duplicate a shared memory file descriptor",
+)
+
+
+def out_of_descriptors(error: BaseException) -> bool:
+    """Whether an error, or one it was raised from, says this process ran out of file
+    descriptors: EMFILE or ENFILE, or the words their reporters use (they raise RuntimeError
+    from a collector thread, a queue's feeder, a tensor's receipt)."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE):
+            return True
+        if any(words in str(error) for words in _DESCRIPTOR_WORDS):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def explain(error: BaseException, loader: str) -> LoaderFailure | None:
     """The one-line error for a known worker or channel failure; None for anything else."""
-    if isinstance(error, OSError) and error.errno == errno.EMFILE:
+    if out_of_descriptors(error):
         return too_many_open_files(loader)
     if isinstance(error, (EOFError, ConnectionError)):
         # The pipe from the workers closed mid-batch: the writing worker is gone.
@@ -100,8 +126,6 @@ def explain(error: BaseException, loader: str) -> LoaderFailure | None:
     if not isinstance(error, RuntimeError):
         return None
     text = str(error)
-    if "Too many open files" in text:
-        return too_many_open_files(loader)
     if "unable to allocate shared memory" in text:  # torch's words, in a worker's traceback
         return shared_memory.ran_out(loader)
     if killed := _KILLED.search(text):

@@ -39,7 +39,12 @@ from facebench.data.records import Record
 from facebench.errors import LoaderFailure
 from facebench.loaders import shared
 from facebench.loaders.decoding import DecodeStage
-from facebench.loaders.failures import signal_name, too_many_open_files, worker_died
+from facebench.loaders.failures import (
+    out_of_descriptors,
+    signal_name,
+    too_many_open_files,
+    worker_died,
+)
 from facebench.loaders.plan import EpochPlan, batch_rng
 from facebench.loaders.shared import (
     Batch,
@@ -227,12 +232,11 @@ class Watched:
         sort_thread = mapper._sort_thread
         if mapper.in_order and sort_thread.ident is not None and not sort_thread.is_alive():
             error = self._thread_errors.get(sort_thread)
-            text = repr(error)
-            if "ancdata" in text or "Too many open files" in text:
+            if error is not None and out_of_descriptors(error):
                 return too_many_open_files(self.loader_name)
             return LoaderFailure(
                 f"loader={self.loader_name}: the thread that collects the workers' batches "
-                f"stopped ({text}); run with n_workers=0 to see the error in this process"
+                f"stopped ({error!r}); run with n_workers=0 to see the error in this process"
             )
         return None
 

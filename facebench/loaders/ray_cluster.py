@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import psutil
 
 from facebench.errors import LoaderFailure
+from facebench.loaders.ray_threads import end_threads
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,9 @@ def ray_cluster(address: str, cpus: int, object_store_bytes: int) -> Iterator[Cl
         log.info("raydata: %s", cluster.describe())
         yield cluster
     finally:
+        # First Ray Data's threads in this process (an epoch cut short leaves them fetching
+        # blocks): one that calls into Ray after the shutdown ends the process.
+        end_threads()
         if not connected_before and ray.is_initialized():
             # A local instance's processes stop here; a joined cluster is only disconnected.
             ray.shutdown()

@@ -102,6 +102,22 @@ def cluster_processes(temp_dir: str, port: int) -> list[Any]:
     return list({process.pid: process for process in mine}.values())
 
 
+def ray_processes() -> set[int]:
+    """Every Ray process on this machine, of any cluster: GCS servers, raylets, and what Ray
+    names ray::... (workers, its dashboard and runtime-env agents)."""
+    found = set()
+    for process in psutil.process_iter(["name", "cmdline"]):
+        try:
+            line = process.info["cmdline"] or []
+            name = process.info["name"] or ""
+        except psutil.Error:
+            continue
+        first = line[0] if line else ""
+        if name in ("gcs_server", "raylet") or first.startswith("ray::"):
+            found.add(process.pid)
+    return found
+
+
 def stop_cluster(temp_dir: str, port: int) -> list[int]:
     """Stop every process of that cluster: SIGTERM, then SIGKILL for those still there after
     3 s (Ray's GCS takes its time). The PIDs of any that outlived both."""

@@ -206,15 +206,19 @@ class RayBatches:
             prefetch_batches=self.options.prefetch_factor,
             device="cpu",  # facebench.finish copies to the device, as for every loader
         )
-        with ray_errors():
-            for batch in columns:
-                yield Batch(
-                    batch["images"],
-                    batch["labels"],
-                    batch["ids"],
-                    batch.get("offsets"),
-                    stages=stage_times(batch["stages"]),
-                )
+        batches = iter(columns)
+        try:
+            with ray_errors():
+                for batch in batches:
+                    yield Batch(
+                        batch["images"],
+                        batch["labels"],
+                        batch["ids"],
+                        batch.get("offsets"),
+                        stages=stage_times(batch["stages"]),
+                    )
+        finally:
+            batches.close()  # an epoch cut short: Ray Data's executor stops now, not at GC
 
     def epoch_metrics(self) -> dict[str, float]:
         """Ray's own statistics of the epoch's execution (ray_*), logged in one line."""
