@@ -59,6 +59,13 @@ class Decoder(StrEnum):
     fast = "fast"  # libspng and libjpeg-turbo called directly, PIL's pixels; uint8 as torchvision
 
 
+class Sync(StrEnum):
+    """When an emulated accelerator's step is waited for (facebench/accelerator.py)."""
+
+    every_step = "every_step"  # the loop waits for each step (the article's reads the loss)
+    none = "none"  # the loop goes on while the step computes, a launch queue ahead
+
+
 class Workers(StrEnum):
     """Where a loader's work runs (its traits), and loader.method's choice for those that
     offer one (nodes: process or thread)."""
@@ -149,6 +156,22 @@ class AcceleratorConfig:
     min_au: float = 0.90
     # Where the figure comes from, and how it was obtained (measured, published, scaled).
     source: str = ""
+    # The share of one core the training process keeps busy during a step (launching kernels,
+    # the optimizer's Python, CUDA's wait for the step, which spins while the host has more
+    # cores than CUDA contexts): spun in the loop's process during each emulated step, so the
+    # loader's workers and threads compete with it as on a GPU host. 0: the host idles.
+    host_cpu: float = 1.0
+    host_cpu_source: str = (
+        "unmeasured: CUDA's default scheduling spins the thread that waits for a step, so a "
+        "loop that waits for every step keeps about one core busy; a run that waits less "
+        "leaves its loader more, and emulation then errs on the pessimistic side"
+    )
+    # every_step: the loop waits for each step before it asks for the next batch (the article's
+    # loop reads the loss each step). none: the step computes while the loop fetches the next
+    # batch, at most `queue` steps launched and not finished, as CUDA's launch queue runs ahead
+    # until the host waits for a result.
+    sync: Sync = Sync.every_step
+    queue: int = 2
 
 
 @dataclass

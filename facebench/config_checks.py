@@ -128,6 +128,15 @@ def _range_problems(cfg: DictConfig) -> list[str]:
     min_au = OmegaConf.select(cfg, "accelerator.min_au")
     if min_au is not None and not 0 < min_au <= 1:
         problems.append(f"accelerator.min_au={min_au:g}: a share from 0 to 1 (0.90 is 90%)")
+    host_cpu = OmegaConf.select(cfg, "accelerator.host_cpu")
+    if host_cpu is not None and not 0 <= host_cpu <= 1:
+        problems.append(
+            f"accelerator.host_cpu={host_cpu:g}: the share of one core the training process "
+            "keeps busy during a step, from 0 (idle) to 1 (a core spinning)"
+        )
+    queue = OmegaConf.select(cfg, "accelerator.queue")
+    if queue is not None and queue < 1:
+        problems.append(f"accelerator.queue={queue}: steps launched ahead, 1 or more")
     sample_hz = OmegaConf.select(cfg, "sample_hz")
     if sample_hz is not None and not 0 <= sample_hz <= 100:
         problems.append(f"sample_hz={sample_hz}: use 0 (off) to 100")

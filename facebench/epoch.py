@@ -208,6 +208,9 @@ def _timed_epoch(
                 asked_at = meter.now()
                 timeline.mark("handover")
             deaths.check()
+        if emulated is not None:  # steps still computing (sync=none): waited for, as a host's
+            emulated.finish()  # synchronize before reading a clock
+            timeline.arrived("step")  # the loader's last `next` its own, the rest the step's
         times = meter.stop()
         # After the loop: the device finishing the work queued last (the clock synchronized it).
         tail = "handover" if settings.host_only else "step" if trainer is not None else "finish"

@@ -56,7 +56,26 @@ def profile_text(name: str, results: JobResults) -> str:
         f"images_per_s: {rate:.1f}\n"
         f"measured_at: {crop}\n"
         f'source: "{source}"\n'
+        f"{host_cpu_lines(results)}"
     )
+
+
+def host_cpu_lines(results: JobResults) -> str:
+    """The profile's host_cpu: the cores the ceiling's training process kept busy (its CPU
+    time over the epoch's; at most one: the key is a share of one core), or nothing where the
+    run did not measure it (the schema's default, unmeasured, then stands)."""
+    used = results.metrics.get("loop_cpu_cores")
+    if used is None:
+        return ""
+    share = min(1.0, used)
+    capped = f", capped at 1 from {used:.2f}" if used > 1 else ""
+    device = results.tags.get("gpu", "none")
+    source = (
+        f"measured: the training process's CPU time over the epoch's in {results.run_name} on "
+        f"{device if device != 'none' else 'a CPU'}{capped} (facebench's loop, which reads "
+        "nothing back per step, under CUDA's default scheduling)"
+    )
+    return f'host_cpu: {share:.2f}\nhost_cpu_source: "{source}"\n'
 
 
 def write_profile(name: str, results: JobResults, folder: Path = PROFILES) -> Path:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -121,6 +122,7 @@ class UsageMonitor:
         self._start_counters: Counters | None = None
         self._last: dict[int, Counters] = {}  # each process's latest counters
         self._wall_start = 0.0
+        self._loop_cpu_start = 0.0
         self._cpus = usable_cpus()  # a quota's 1.5 CPUs, not 2 cores
 
     def open_gpu(self) -> None:
@@ -133,6 +135,7 @@ class UsageMonitor:
 
     def start(self, wall_start: float) -> None:
         self._wall_start = wall_start
+        self._loop_cpu_start = time.process_time()
         self._start_counters = read_counters(self._last)
         self._used_start = psutil.virtual_memory().used
         if self.period:
@@ -189,6 +192,10 @@ class UsageMonitor:
             # Resident memory of the main process plus its workers. Pages a forked worker still
             # shares with the main process count in both, so this overstates many workers.
             "peak_rss_mb": self._rss_peak / 2**20,
+            # The cores the loop's own process kept busy (all its threads, not its workers):
+            # on a GPU's compute ceiling, the host CPU a training step costs (an emulated
+            # accelerator's host_cpu; facebench.profile reads it).
+            "loop_cpu_cores": (time.process_time() - self._loop_cpu_start) / elapsed,
             # Machine-wide memory in use, at its peak, over what was in use as the epoch began:
             # what the loader really added, shared pages counted once (other processes' changes
             # count too, so compare runs on a quiet machine).

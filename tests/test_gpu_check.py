@@ -50,6 +50,7 @@ def test_the_gpu_check_runs_every_step_on_a_cpu(tmp_path, cache, synthetic_root)
     [written] = [line for line in text.splitlines() if "accelerator profile written:" in line]
     profile = Path(written.split("written: ")[1].split(" (use it")[0]).read_text()
     assert "\nimages_per_s: " in profile and "name: measured-" in profile
+    assert "\nhost_cpu: " in profile and "host_cpu_source: \"measured: " in profile
 
 
 def test_a_profile_is_refused_from_anything_but_a_ceiling_on_a_real_device(tmp_path):
