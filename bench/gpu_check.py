@@ -7,7 +7,8 @@ Steps: the gpu-marked tests; a synthetic set of --n-images (100,000 by default) 
 format built for it (one prepare.py sweep); then every loader with n_workers=--workers, three
 ways, in two Hydra sweeps (one process each, MLflow off): loader-only stopping at the hand-over
 (host_only=true) and loader-only with the copy and finishing on the GPU; then with ResNet-50
-under AMP, beside the compute ceiling (loader=ceiling, ResNet-50), which it also writes as an
+under AMP, beside the compute ceiling (loader=ceiling, ResNet-50), run again with CUDA's
+blocking sync to measure the host CPU a step costs both ways, which it also writes as an
 accelerator profile, conf/accelerator/measured-<gpu>.yaml (facebench/profile.py), that any machine
 can emulate. Prints a table (images/s,
 steady images/s, gpu_busy_frac, gpu_util_mean, data_wait_frac, first batch) and writes it into
@@ -182,6 +183,31 @@ def run_jobs(
     return jobs_by_key(jobs)
 
 
+def host_cpu_line(
+    default: dict[str, Any] | None, model: list[str], common: list[str], scratch: Path
+) -> str:
+    """The host CPU a training step costs (the ceiling's loop_cpu_cores: its process's CPU time
+    over the epoch's), under CUDA's default scheduling (the sweep's ceiling) and once more with
+    blocking sync (CUDA's wait then sleeps): an emulated accelerator's host_cpu."""
+    from facebench.device import CUDA_SCHEDULE_ENV
+
+    blocking = sweep_train(
+        scratch / "ceiling-blocking-sync",
+        ["loader=ceiling", *model, *common],
+        env={CUDA_SCHEDULE_ENV: "blocking_sync"},
+    )
+    cores = [
+        f"{job['metrics']['loop_cpu_cores']:.2f}"
+        if job and job.get("status") == "FINISHED" and "loop_cpu_cores" in job["metrics"]
+        else "not measured"
+        for job in (default, blocking[0] if blocking else None)
+    ]
+    return (
+        f"host CPU of a training step (the ceiling's loop_cpu_cores, accelerator.host_cpu): "
+        f"{cores[0]} cores with CUDA's default scheduling, {cores[1]} with blocking sync"
+    )
+
+
 def check_table(loaders: list[str], jobs: dict[tuple[str, bool, str], dict[str, Any]]) -> str:
     """One row per mode and loader, then the compute ceiling's."""
     rows = [
@@ -240,7 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in args.loaders or [] if name not in installed]
     lines += [f"--loaders named what is not here: {', '.join(unknown)}"] if unknown else []
     jobs = run_jobs(loaders, common, dry, scratch)
-    lines += [write_gpu_profile(jobs.get(("ceiling", False, "resnet50")), scratch if dry else None)]
+    ceiling = jobs.get(("ceiling", False, "resnet50"))
+    if not dry:  # CUDA's scheduling flags: nothing to set on a CPU
+        model = ["model=resnet50", "amp=auto"]
+        lines += [host_cpu_line(ceiling, model, common, scratch)]
+    lines += [write_gpu_profile(ceiling, scratch if dry else None)]
     title = "GPU check (dry run on a CPU: steps only, numbers mean nothing)" if dry else "GPU check"
     title += (
         f": {args.n_images:,} synthetic images, batch {args.batch_size}, n_workers {args.workers}"

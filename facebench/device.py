@@ -37,8 +37,44 @@ def resolve_device(requested: str, local_rank: int = 0, distributed: bool = Fals
             raise ConfigError(
                 f"device={requested}: only {torch.cuda.device_count()} CUDA device(s) here"
             )
+        _cuda_schedule(index)
         return torch.device("cuda", index)
     return device
+
+
+# How CUDA's runtime waits for the GPU (cudaSetDeviceFlags' scheduling flags): unset, CUDA's
+# default (auto: it spins while the host has more cores than CUDA contexts). bench/gpu_check.py
+# measures a training step's host CPU under the default and under blocking_sync.
+CUDA_SCHEDULE_ENV = "FACEBENCH_CUDA_SCHEDULE"
+_SCHEDULES = {"auto": 0, "spin": 1, "yield": 2, "blocking_sync": 4}
+
+
+def _cuda_schedule(index: int) -> None:
+    """Apply $FACEBENCH_CUDA_SCHEDULE to this GPU's primary context (the one torch uses),
+    through the driver, which sets it whether or not the context exists yet."""
+    asked = os.environ.get(CUDA_SCHEDULE_ENV, "")
+    if not asked:
+        return
+    if asked not in _SCHEDULES:
+        raise ConfigError(f"{CUDA_SCHEDULE_ENV}={asked}: use one of {', '.join(_SCHEDULES)}")
+    import ctypes
+
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError as error:
+        raise ConfigError(f"{CUDA_SCHEDULE_ENV}={asked}: no CUDA driver ({error})") from None
+    handle = ctypes.c_int()
+    error = (
+        driver.cuInit(0)
+        or driver.cuDeviceGet(ctypes.byref(handle), index)
+        or driver.cuDevicePrimaryCtxSetFlags(handle, _SCHEDULES[asked])
+    )
+    if error:
+        raise ConfigError(
+            f"{CUDA_SCHEDULE_ENV}={asked}: the CUDA driver refused it (CUresult {error}); "
+            f"unset {CUDA_SCHEDULE_ENV}"
+        )
+    log.info("CUDA waits for cuda:%d with its %s scheduling", index, asked)
 
 
 def cpu_model() -> str:
