@@ -1,15 +1,18 @@
 """Break running loaders' workers, for tests: `python tests/break_workers.py MODE CACHE LOADER...`.
 
-MODE kill: SIGKILL one worker process after the first batch. MODE files: after the first batch,
+MODE kill: SIGKILL one worker process after the first batch (Ray's: every one running a task,
+until the epoch ends). MODE files: after the first batch,
 lower this process's open-file limit to what it holds now, so that receiving the next batch
 fails. For each loader, prints the one line the user would see and how long the epoch took to end.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -63,6 +66,15 @@ def ray_workers(me: psutil.Process) -> list[psutil.Process]:
     return found
 
 
+def _kill_ray_tasks(me: psutil.Process, stop: threading.Event) -> None:
+    """Kill every Ray worker below this process that runs a decode task, until `stop`."""
+    while not stop.wait(0.01):
+        for worker in ray_workers(me):
+            with contextlib.suppress(psutil.Error, IndexError):
+                if worker.cmdline()[0].startswith("ray::MapBatches"):
+                    worker.kill()
+
+
 def break_one(loader: str, mode: str, cache: str) -> None:
     overrides = [
         f"loader={loader}",
@@ -74,6 +86,8 @@ def break_one(loader: str, mode: str, cache: str) -> None:
         "n_workers=2",
         "batch_size=4",
         "shard_size=50",
+        # Ray: one batch a task, so that the epoch's tasks are many and short.
+        *(["loader.images_per_task=4"] if loader == "raydata" else []),
     ]
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
         cfg = typed(compose(config_name="train", overrides=overrides))
@@ -95,10 +109,16 @@ def break_one(loader: str, mode: str, cache: str) -> None:
             workers = [
                 c for c in me.children() if c.cmdline() == me.cmdline() and c.pid not in before
             ]
-            if not workers:  # Ray's: each killed, so that one is sure to be running a task
-                workers = ray_workers(me)
-                for worker in workers[1:]:
-                    worker.kill()
+            if not workers and loader == "raydata":
+                # Ray's: killed again and again while they run a task, until the epoch ends.
+                # A worker killed once could be idle, or past its task's last output (its
+                # batch kept), and Ray would go on with new ones; of the epoch's 150 tasks,
+                # one a batch, some are certainly killed while they decode.
+                killer = threading.Thread(target=_kill_ray_tasks, args=(me, stop), daemon=True)
+                killer.start()
+                yield first
+                yield from batches
+                return
             if not workers:
                 print(f"{loader}: no worker processes to kill", flush=True)
                 return
@@ -109,12 +129,14 @@ def break_one(loader: str, mode: str, cache: str) -> None:
         yield from batches
 
     limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+    stop = threading.Event()
     started = time.perf_counter()
     try:
         with module.held(ctx):  # the loader's service for the job, as the runner holds it
             try:
                 run_epoch(build, None, EpochSettings(torch.device("cpu"), loader_name=loader))
             finally:  # before the service stops: stopping Ray opens files
+                stop.set()
                 resource.setrlimit(resource.RLIMIT_NOFILE, limits)
         print(f"{loader}: no error", flush=True)
     except FacebenchError as error:

@@ -167,7 +167,16 @@ def _decoding(before: set[int]) -> list[psutil.Process]:
 @pytest.mark.slow  # a train.py process and a Ray instance or cluster
 def test_a_killed_ray_worker_fails_the_run_in_one_line(tmp_path, cache, isolated_env):
     before = ray_processes()
-    run = _train(tmp_path, isolated_env, cache, "data.n_images=600", "batch_size=2", "repeat=50")
+    # One batch a task: many short tasks, so that kills land on some while they decode.
+    run = _train(
+        tmp_path,
+        isolated_env,
+        cache,
+        "data.n_images=600",
+        "batch_size=2",
+        "loader.images_per_task=2",
+        "repeat=50",
+    )
     lines = []
     try:
         for line in run.stdout:  # Ray takes 6 s to start here, minutes with the cores busy
