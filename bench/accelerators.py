@@ -1,7 +1,8 @@
 """How many emulated accelerators this host feeds, per loader: MLPerf Storage's headline figure.
 
-    python bench/accelerators.py                     # about 30 minutes on 2 cores
+    python bench/accelerators.py                     # about an hour on 2 cores
     python bench/accelerators.py --loaders raw dataset --rate 500 --counts 1 2 4
+    python bench/accelerators.py --host-cpu 1        # only what a GPU run's host pays (default)
 
 For every loader and n_workers 1 and 2, two sweeps of `train.py -m` (MLPerf Storage's way:
 one process per emulated accelerator, torchrun's launcher): accelerators_per_host over --counts
@@ -35,6 +36,7 @@ def start(argv: list[str] | None) -> Bench:
     arguments.add_argument("--rate", type=float, default=400.0)
     arguments.add_argument("--images", type=int, default=4800)
     arguments.add_argument("--batch-size", type=int, default=40)
+    arguments.add_argument("--host-cpu", nargs="+", type=float, default=[0.0, 1.0])
     return Bench.start(arguments, argv)
 
 
@@ -45,8 +47,16 @@ def common_overrides(bench: Bench, loader: str) -> list[str]:
         f"n_workers={','.join(map(str, args.workers))}",
         f"data.n_images={args.images}",
         f"batch_size={args.batch_size}",
+        f"accelerator.host_cpu={','.join(f'{share:g}' for share in args.host_cpu)}",
         "cache=warm",
         "device=cpu",
+    ]
+
+
+def with_host_cpu(runs: list[Mapping[str, Any]], share: float) -> list[Mapping[str, Any]]:
+    """The runs whose loop spun `share` of a core while it waited for each step."""
+    return [
+        run for run in runs if float(run.get("params", {}).get("accelerator.host_cpu", -1)) == share
     ]
 
 
@@ -96,11 +106,13 @@ def loader_rows(bench: Bench, loader: str, scratch: Path) -> list[list[str]]:
         [
             loader,
             str(workers),
-            fed(counts, workers),
-            au_of(published, workers, "a100"),
-            au_of(published, workers, "h100"),
+            f"{share:g}",
+            fed(with_host_cpu(counts, share), workers),
+            au_of(with_host_cpu(published, share), workers, "a100"),
+            au_of(with_host_cpu(published, share), workers, "h100"),
         ]
         for workers in args.workers
+        for share in args.host_cpu
     ]
 
 
@@ -114,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     header = [
         "loader",
         "n_workers",
+        "host_cpu",
         f"accelerators of {args.rate:,.0f} images/s fed at AU >= 90%; the next count",
         "one a100: AU (images/s)",
         "one h100: AU (images/s)",
@@ -123,7 +136,8 @@ def main(argv: list[str] | None = None) -> None:
         f"synthetic set of {args.images:,} images, batch {args.batch_size}, crop 100, warm page "
         f"cache, accelerators_per_host {', '.join(map(str, args.counts))} at a custom "
         f"{args.rate:,.0f} images/s each; a100 4,614 and h100 8,960 images/s (MLPerf Storage's "
-        "224x224 rates scaled by pixel count); one epoch per run, MLflow off"
+        "224x224 rates scaled by pixel count); accelerator.host_cpu "
+        f"{', '.join(f'{share:g}' for share in args.host_cpu)}; one epoch per run, MLflow off"
     )
     body = markdown(header, rows) + (
         "\nThe next count's stage is the one that cost its workers most CPU time per image "
