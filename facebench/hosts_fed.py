@@ -3,7 +3,8 @@ over accelerators_per_host (`train.py -m accelerator=h100 accelerators_per_host=
 
 Per loader, n_workers and accelerator: the most accelerators per host whose runs kept the
 accelerators at or above accelerator.min_au (au_pass), and, for the next count tried, its AU and
-the stage that cost its workers most, which is what holds the next accelerator back.
+the stage that cost its workers most, which is what holds the next accelerator back; where its
+ranks' loops and workers outnumbered the host's cores, that too.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class Tried:
     passed: bool
     dominant_stage: str
     min_au: float
+    cores: int = 0  # the cores the run could use (its tag cpu_cores); 0 where not recorded
 
 
 def _key(params: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -45,6 +47,7 @@ def grouped(runs: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str], lis
             bool(metrics.get("au_pass")),
             str(run.get("tags", {}).get("dominant_stage", "")),
             float(params.get("accelerator.min_au", 0.90)),
+            int(run.get("tags", {}).get("cpu_cores", 0) or 0),
         )
         found[_key(params)].append(tried)
     return {key: sorted(tries, key=lambda t: t.accelerators) for key, tries in found.items()}
@@ -68,9 +71,24 @@ def lines(runs: Iterable[Mapping[str, Any]]) -> list[str]:
         above = [t for t in tries if t.accelerators > (most.accelerators if most else 0)]
         if above:
             nxt = min(above, key=lambda t: t.accelerators)
-            held = f", held back by {nxt.dominant_stage}" if nxt.dominant_stage else ""
+            causes = [c for c in (nxt.dominant_stage, _crowded(nxt, workers)) if c]
+            held = f", held back by {' and '.join(causes)}" if causes else ""
             text += f"; with {nxt.accelerators}: AU {nxt.au:.1%}{held}"
         elif most is not None:
             text += f"; {most.accelerators} is the most tried"
         said.append(text)
     return said
+
+
+def _crowded(tried: Tried, workers: str) -> str:
+    """Where the ranks' loops and their workers outnumbered the cores the run could use: then
+    no rank had a core for its loop and each worker, however little its stages cost."""
+    if not tried.cores or not workers.isdigit():
+        return ""
+    processes = tried.accelerators * (int(workers) + 1)
+    if processes <= tried.cores:
+        return ""
+    return (
+        f"{tried.cores} cores for {tried.accelerators} ranks' loops and "
+        f"{tried.accelerators * int(workers)} workers"
+    )

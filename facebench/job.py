@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from facebench import loaders
 from facebench.accelerator import Accelerator
 from facebench.config import TrainConfig
 from facebench.data.records import LabelSpace
@@ -55,15 +56,32 @@ def git_commit() -> str:
 
 
 def run_name(cfg: TrainConfig, precision: str) -> str:
-    """dataset-w5-bs600-fp16; the model is named when it is not the article's ResNet-50, an
-    emulated accelerator in its place (dataset-w5-bs600-h100)."""
-    name = f"{cfg.loader.name}-w{cfg.n_workers}-bs{cfg.batch_size}"
+    """dataset-w5-bs600-fp16; the decoder is named when it is not the loader's default
+    (dataset-fast-w5-bs600-fp16), the model when it is not the article's ResNet-50, an emulated
+    accelerator in its place (dataset-w5-bs600-h100)."""
+    decoder = _chosen_decoder(cfg)
+    loader = f"{cfg.loader.name}-{decoder}" if decoder else cfg.loader.name
+    name = f"{loader}-w{cfg.n_workers}-bs{cfg.batch_size}"
     if cfg.accelerator.name != "none":
         return f"{name}-{cfg.accelerator.name}"
     if cfg.model == "none":
         return f"{name}-host-only" if cfg.host_only else f"{name}-loader-only"
     name = f"{name}-{precision}"
     return name if cfg.model == "resnet50" else f"{name}-{cfg.model}"
+
+
+def _chosen_decoder(cfg: TrainConfig) -> str:
+    """loader.decoder where the run chose one other than its loader's default (the loader's
+    options schema, from the registry), else "": runs that differ only in their decoder would
+    otherwise share a name."""
+    chosen = getattr(cfg.loader, "decoder", None)
+    if chosen is None:  # a loader that decodes nothing (raw, pickle, ceiling, ...)
+        return ""
+    schema = {
+        field.name: field for field in dataclasses.fields(loaders.get(cfg.loader.name).options)
+    }
+    default = schema["decoder"].default if "decoder" in schema else None
+    return "" if str(chosen) == str(default) else str(chosen)
 
 
 @dataclass(frozen=True)

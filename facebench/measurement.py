@@ -18,7 +18,7 @@ from facebench.exactly_once import check_exactly_once
 from facebench.job import Job
 from facebench.loaders.shared import LoaderContext
 from facebench.loaders.spec import LoaderSpec
-from facebench.meter import MIN_STEADY_BATCHES
+from facebench.meter import MIN_STEADY_BATCHES, batches_for_steady
 from facebench.pagecache import resident_fraction, set_page_cache
 from facebench.tracking import Tracker
 from facebench.training import Trainer
@@ -88,7 +88,7 @@ def measure(
         tracker.log_metrics(epoch_metrics, step=step)
         epochs.append(epoch_metrics)
         if job.world.is_main:
-            _log_epoch(step, epoch_metrics)
+            _log_epoch(step, epoch_metrics, settings.in_flight)
         if not cfg.max_batches and not loader.ceiling:
             check_exactly_once(cfg, loader, len(ctx.records), epoch_metrics)
     return epochs
@@ -132,7 +132,7 @@ def _cache_state(files: list[str]) -> dict[str, float]:
     return {"cache_resident_frac": resident_fraction(sample)}
 
 
-def _log_epoch(step: int, metrics: dict[str, float]) -> None:
+def _log_epoch(step: int, metrics: dict[str, float], in_flight: int = 0) -> None:
     extra = ""
     if "gpu_busy_frac" in metrics:
         extra = f", GPU busy {100 * metrics['gpu_busy_frac']:.0f}% of the epoch"
@@ -150,13 +150,28 @@ def _log_epoch(step: int, metrics: dict[str, float]) -> None:
                 steps,
                 FEW_STEPS,
             )
+    # A short epoch has no steady rate: the default run's 10 batches are all made at once by 5
+    # workers, 2 ahead each, so every one of them is start-up, and its whole-epoch rate is the
+    # honest one. Saying so at INFO on every such run would flag the default run as a fault;
+    # docs/metrics.md says when a steady rate is absent, and DEBUG why.
     if "steady_images_per_s" in metrics:
-        steady = f"steady {metrics['steady_images_per_s']:,.1f}"
+        steady = f" (steady {metrics['steady_images_per_s']:,.1f})"
     else:
-        after = int(metrics["batches"] - metrics["warmup_batches"])
-        steady = f"no steady rate: {after} batch(es) after the warm-up, {MIN_STEADY_BATCHES} needed"
+        steady = ""
+        log.debug(
+            "epoch %d: no steady rate: %d of its %d batches were warm-up (a tenth of the epoch, "
+            "and at least the %d that n_workers x prefetch_factor start on at once), and a "
+            "steady rate needs %d after the warm-up: %d batches or more (a larger "
+            "data.n_images or a smaller batch_size)",
+            step,
+            metrics["warmup_batches"],
+            metrics["batches"],
+            in_flight,
+            MIN_STEADY_BATCHES,
+            batches_for_steady(in_flight),
+        )
     log.info(
-        "epoch %d: %d images in %.1f s = %.1f images/s (%s); first batch after %.2f s; "
+        "epoch %d: %d images in %.1f s = %.1f images/s%s; first batch after %.2f s; "
         "waited for data %.0f%% of the time; CPU %.0f%%%s",
         step,
         metrics["samples_seen"],

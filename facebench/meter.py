@@ -29,6 +29,21 @@ WARMUP_MAX_BATCHES = 20
 MIN_STEADY_BATCHES = 5
 
 
+def warmup_batches(n_batches: int, in_flight: int) -> int:
+    """The batches an epoch of `n_batches` leaves out of its steady rate (see above), always
+    leaving one after them."""
+    warmup = max(min(WARMUP_MAX_BATCHES, max(1, int(n_batches * WARMUP_FRACTION))), in_flight)
+    return min(warmup, n_batches - 1) if n_batches > 1 else 0
+
+
+def batches_for_steady(in_flight: int) -> int:
+    """The fewest batches an epoch needs for a steady rate, with `in_flight` made at the start."""
+    n = MIN_STEADY_BATCHES + 1
+    while n - warmup_batches(n, in_flight) < MIN_STEADY_BATCHES:
+        n += 1
+    return n
+
+
 @dataclass
 class EpochTimes:
     epoch_time_s: float
@@ -118,8 +133,7 @@ class EpochMeter:
         synchronize(self.device)
         end = self._end = self.clock()
         n = len(self._sizes)
-        warmup = max(min(WARMUP_MAX_BATCHES, max(1, int(n * WARMUP_FRACTION))), self.in_flight)
-        warmup = min(warmup, n - 1) if n > 1 else 0  # at least one batch after it
+        warmup = warmup_batches(n, self.in_flight)
         if n >= 2:
             # Whole cycles (a step, then the wait for the next batch) between the arrival of the
             # last warm-up batch and the last arrival: batches warmup .. n-1 came in that time.

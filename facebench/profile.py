@@ -38,6 +38,22 @@ def profile_text(name: str, results: JobResults) -> str:
     rate = metrics.get("steady_images_per_s") or metrics.get("images_per_s")
     if not rate:
         raise FacebenchError(f"run {results.run_name} measured no rate; run it again")
+    if "steady_images_per_s" not in metrics:
+        # A profile asks for the device's steady pace; a short run has none (meter.py), and
+        # its whole epoch, start-up included, understates the device. (meter imports torch:
+        # only here, where it is needed.)
+        from facebench.meter import batches_for_steady
+
+        in_flight = int(params.get("n_workers", 0)) * int(params.get("loader.prefetch_factor", 2))
+        log.info(
+            "run %s has no steady rate (%d batches, too few after its warm-up): the profile "
+            "takes its whole epoch's rate, start-up included, below the device's steady pace. "
+            "A ceiling run of %d batches or more gives a steady one (a larger data.n_images or "
+            "a smaller batch_size)",
+            results.run_name,
+            metrics.get("batches", 0),
+            batches_for_steady(in_flight),
+        )
     # A ceiling run under torchrun sums its ranks' rates: a profile is one accelerator's.
     gpus = int(metrics.get("world_size", 1))
     rate /= gpus

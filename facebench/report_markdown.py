@@ -73,6 +73,12 @@ def _notes(table: Table, ceiling: float | None) -> list[str]:
     ]
     if shards:
         notes.append("Samples per shard (`shard_size_used`): " + "; ".join(shards) + ".")
+    if any(cell.au is not None for row in table.values() for cell in row.values()):
+        # The two rates cover different spans; beside each other they would seem to disagree.
+        notes.append(
+            "AU is the accelerators' computing time over the time after their first step; "
+            "img/s is the whole epoch, start-up included."
+        )
     repeats = {cell.repeats for row in table.values() for cell in row.values()}
     if max(repeats, default=1) > 1:
         notes.append("Cells are medians over each job's measured epochs.")

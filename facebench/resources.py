@@ -97,6 +97,38 @@ def _cpu() -> tuple[int, float, str]:
     return quota.cores, quota.cpus, f"cgroup CPU quota {quota.cpus:g} CPU{plural} at {quota.path}"
 
 
+def _crowded(n_workers: int, ranks: int, cores: int, ranks_setting: str) -> str:
+    """The warning for ranks x n_workers worker processes (and each rank's own loop) on too few
+    cores, with the fix and its numbers. Each rank has its own n_workers, so where the ranks
+    alone nearly fill the cores no n_workers helps: fewer ranks is the fix then."""
+    # A core for each rank's loop and for each of its workers, as advise counts a host's ranks.
+    ranks_fit = max(1, cores // (n_workers + 1))
+    workers_fit = cores // ranks - 1  # named only from 1: n_workers=0 loads in each rank's loop
+    fewer_workers = f"n_workers={workers_fit}" if 1 <= workers_fit < n_workers else ""
+    if ranks_setting:
+        asked, fewer_ranks = f"{ranks_setting}={ranks}", f"{ranks_setting}={ranks_fit}"
+    else:
+        asked = f"{ranks} ranks on this host"
+        fewer_ranks = (
+            f"{ranks_fit} rank{'s' if ranks_fit > 1 else ''} (accelerators_per_host={ranks_fit}, "
+            f"or torchrun --nproc_per_node={ranks_fit})"
+        )
+    # Emulated accelerators ask how many one host feeds: fewer is the answer. A torchrun job's
+    # ranks are its GPUs, kept where fewer workers will do.
+    if not fewer_workers:
+        fix = f"Fewer ranks is the fix: {fewer_ranks} gives"
+    elif ranks_setting == "accelerators_per_host":
+        fix = f"Fewer ranks or workers is the fix: {fewer_ranks}, or {fewer_workers}, gives"
+    else:
+        fix = f"Fewer workers or ranks is the fix: {fewer_workers}, or {fewer_ranks}, gives"
+    return (
+        f"{asked} x n_workers={n_workers}: {ranks} x {n_workers} = {ranks * n_workers} worker "
+        f"processes, and the {ranks} ranks' own loops, share {cores} cores, so each rank is "
+        f"fed slower than it would be alone. {fix} each rank's loop and workers a core of "
+        "their own"
+    )
+
+
 def gib(size: int) -> str:
     return f"{size / 2**30:.1f} GiB"
 
@@ -121,10 +153,13 @@ def check_workers(
     per_worker: int,
     processes_per_machine: int = 1,
     enabled: bool = True,
+    ranks_setting: str = "",
 ) -> None:
     """Refuse workers whose estimated memory exceeds what is available; warn beyond the cores.
 
     processes_per_machine: torchrun ranks on this machine, each with its own n_workers.
+    ranks_setting: the setting that asked for those ranks ("accelerators_per_host"), named in
+    the warning as its fix; "" for torchrun's own (--nproc_per_node).
     """
     if n_workers == 0:
         return
@@ -132,13 +167,11 @@ def check_workers(
     cores = usable_cores()
     if total_workers > cores:
         log.warning(
-            "n_workers=%d%s: %d workers on %d cores share them; measure fewer too "
-            "(n_workers=%d uses every core)",
-            n_workers,
-            f" x {processes_per_machine} ranks" if processes_per_machine > 1 else "",
-            total_workers,
-            cores,
-            max(1, cores // processes_per_machine),
+            "%s",
+            _crowded(n_workers, processes_per_machine, cores, ranks_setting)
+            if processes_per_machine > 1
+            else f"n_workers={n_workers}: {n_workers} workers on {cores} cores share them; "
+            f"measure fewer too (n_workers={cores} uses every core)",
         )
     if not enabled:
         return

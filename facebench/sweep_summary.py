@@ -28,6 +28,16 @@ from facebench.tracking import UPLOAD_COMMAND
 log = logging.getLogger("facebench")
 
 HEADER = ("run", "data", "loader", "workers", "images/s", "data wait", "status")
+# With emulated accelerators: their AU, and the rate that AU is a share of. AU leaves each
+# accelerator's first step out (its wait is the workers' start-up) where images/s is the whole
+# epoch, start-up included, so the two disagree most on short epochs; "AU images/s" puts a rate
+# beside AU that it follows (AU x accelerators x each one's images/s).
+AU_HEADER = ("AU", "AU images/s")
+AU_LEGEND = (
+    "images/s: the whole epoch, start-up included. AU: the accelerators' computing time over the\n"
+    "time after their first step; AU images/s: the rate they trained at in that time (AU x their\n"
+    "number x each one's images/s)"
+)
 
 
 def _job_number(path: Path) -> tuple[int, str]:
@@ -46,10 +56,25 @@ def sweep_results(folder: Path) -> list[dict[str, Any]]:
     return found
 
 
+def au_images_per_s(results: dict[str, Any]) -> float | None:
+    """The rate a run's accelerators trained at over the time its AU counts (after each one's
+    first step): AU x accelerators x each one's rate; None where the run emulated none."""
+    params, metrics = results.get("params", {}), results.get("metrics", {})
+    au, rate = metrics.get("au"), params.get("accelerator_images_per_s")
+    if au is None or not rate:
+        return None
+    return float(au) * int(params.get("accelerators_per_host", 1)) * float(rate)
+
+
 def _row(results: dict[str, Any], with_au: bool = False) -> list[str]:
     params, metrics = results.get("params", {}), results.get("metrics", {})
     rate, wait, au = metrics.get("images_per_s"), metrics.get("data_wait_frac"), metrics.get("au")
-    emulated = [f"{100 * au:.0f}%" if au is not None else "-"] if with_au else []
+    fed = au_images_per_s(results)
+    emulated = (
+        [f"{100 * au:.0f}%" if au is not None else "-", f"{fed:,.0f}" if fed is not None else "-"]
+        if with_au
+        else []
+    )
     return [
         str(results.get("run_name", "?")),
         str(results.get("tags", {}).get("data_set", params.get("data", "?"))),
@@ -64,12 +89,14 @@ def _row(results: dict[str, Any], with_au: bool = False) -> list[str]:
 
 
 def summary_table(runs: list[dict[str, Any]]) -> str:
-    """The runs as an aligned plain-text table, one line each; with an AU column where a run
-    emulated accelerators."""
+    """The runs as an aligned plain-text table, one line each; where a run emulated
+    accelerators, its AU and the rate AU follows, and a line under the table that says which
+    span each rate covers."""
     with_au = any("au" in results.get("metrics", {}) for results in runs)
-    header = (*HEADER[:6], "AU", HEADER[6]) if with_au else HEADER
+    header = (*HEADER[:6], *AU_HEADER, HEADER[6]) if with_au else HEADER
     rows = (_row(results, with_au) for results in runs)
-    return aligned(header, rows, right={4, 5, 6} if with_au else {4, 5})
+    table = aligned(header, rows, right={4, 5, 6, 7} if with_au else {4, 5})
+    return f"{table}\n{AU_LEGEND}" if with_au else table
 
 
 class SweepSummary(Callback):

@@ -244,15 +244,69 @@ def test_an_emulated_accelerator_is_the_ceiling_and_says_how_many_a_host_feeds(m
     advice.device = "an emulated h100"
     monkeypatch.setattr("facebench.advise.answer.usable_cores", lambda: 16)
     rows = {row[0]: row for row in advice.rows()}
-    # 40,000 / 8,064: four by its rate; 16 cores give eight a loop and one worker each.
-    assert rows["raw"][-1] == "about 4"
+    # 40,000 / 8,064: four by its rate; 16 cores give eight a loop and one worker each. The
+    # cell says which of the two limits the count.
+    assert rows["raw"][-1] == "about 4: its rate, 4.96x one's pace"
     assert rows["dataset"][-1] == "0 (AU about 5% with one)"  # 450 of 8,960
     monkeypatch.setattr("facebench.advise.answer.usable_cores", lambda: 2)
-    assert {row[0]: row for row in advice.rows()}["raw"][-1] == "about 1"  # the cores' limit
+    assert {row[0]: row for row in advice.rows()}["raw"][-1] == (
+        "about 1: 2 cores, and each rank needs 2 (its loop and 1 worker)"
+    )
     verdict = advice.verdict()
     assert verdict.startswith(
         "Use loader=raw n_workers=1: it keeps an emulated h100 fed (40,000 images/s against "
         "8,064: 5x its pace)"
     )
+    # 5x its pace, yet one per host: the verdict says why.
+    assert (
+        "One host feeds about 1 at once, limited by 2 cores, and each rank needs 2 (its loop "
+        "and 1 worker): an estimate"
+    ) in verdict
+    # Feeding none: its AU with one, and the stage that costs its workers most.
+    slow.stages = {
+        2: {
+            "stage_decode_cpu_frac": 0.55,
+            "stage_decode_frac": 0.5,
+            "stage_read_cpu_frac": 0.1,
+            "stage_read_frac": 0.2,
+        }
+    }
+    assert {row[0]: row for row in advice.rows()}["dataset"][-1] == (
+        "0 (AU about 5% with one, held back by decode 55%)"
+    )
     assert "accelerator=h100 accelerators_per_host=1,2,4 loader=raw n_workers=1" in verdict
     assert "accelerators per host" in advice.markdown()
+
+
+def test_advises_mlflow_run_is_named_without_spaces_or_an_article(tmp_path, monkeypatch):
+    from contextlib import contextmanager
+
+    from facebench.advise.run import record
+
+    named: list[tuple[str, dict]] = []
+
+    class Recorder:
+        def __init__(self, **_: object) -> None:
+            pass
+
+        @contextmanager
+        def run(self, name: str, params: dict, tags: dict):
+            named.append((name, params))
+            yield
+
+        def log_metrics(self, *_: object) -> None:
+            pass
+
+        def log_artifact(self, *_: object) -> None:
+            pass
+
+    monkeypatch.setattr("facebench.advise.run.Tracker", Recorder)
+    emulated = _advice(Measured("raw", rates={1: 40_000.0}), ceiling=8064.0)
+    emulated.accelerator_rate, emulated.accelerator_name = 8960.0, "h100"
+    emulated.device = "an emulated h100"
+    record(emulated, True, tmp_path / "emulated")
+    plain = _advice(Measured("raw", rates={1: 40_000.0}))
+    plain.device = "cpu"
+    record(plain, True, tmp_path / "plain")
+    assert [name for name, _ in named] == ["advise-h100", "advise-resnet50-cpu"]
+    assert named[0][1]["accelerator"] == "h100"

@@ -268,6 +268,33 @@ def test_workers_the_container_cannot_hold_are_refused_naming_its_limit(monkeypa
     resources.check_workers("pickle", 7, 271 * 2**20)  # fits: no error
 
 
+def test_ranks_crowding_the_cores_are_told_that_fewer_ranks_is_the_fix(monkeypatch, caplog):
+    # accelerators_per_host=4 n_workers=1 on 2 cores: no n_workers helps (each rank has its
+    # own); one rank's loop and worker fit two cores.
+    monkeypatch.setattr(resources, "usable_cores", lambda: 2)
+    with caplog.at_level("WARNING", logger=resources.log.name):
+        resources.check_workers(
+            "raw", 1, 0, 4, enabled=False, ranks_setting="accelerators_per_host"
+        )
+    assert caplog.messages == [
+        "accelerators_per_host=4 x n_workers=1: 4 x 1 = 4 worker processes, and the 4 ranks' "
+        "own loops, share 2 cores, so each rank is fed slower than it would be alone. Fewer "
+        "ranks is the fix: accelerators_per_host=1 gives each rank's loop and workers a core of "
+        "their own"
+    ]
+    # Where fewer workers would do, both are named; a torchrun job's ranks (its GPUs) last.
+    monkeypatch.setattr(resources, "usable_cores", lambda: 16)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger=resources.log.name):
+        resources.check_workers("raw", 8, 0, 4, enabled=False)
+    [said] = caplog.messages
+    assert said.startswith("4 ranks on this host x n_workers=8: 4 x 8 = 32 worker processes")
+    assert (
+        "Fewer workers or ranks is the fix: n_workers=3, or 1 rank (accelerators_per_host=1, or "
+        "torchrun --nproc_per_node=1), gives"
+    ) in said
+
+
 def test_a_dead_worker_is_put_down_to_the_oom_killer_only_for_kills_since_it_started(
     monkeypatch,
 ):

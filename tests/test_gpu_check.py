@@ -50,7 +50,7 @@ def test_the_gpu_check_runs_every_step_on_a_cpu(tmp_path, cache, synthetic_root)
     [written] = [line for line in text.splitlines() if "accelerator profile written:" in line]
     profile = Path(written.split("written: ")[1].split(" (use it")[0]).read_text()
     assert "\nimages_per_s: " in profile and "name: measured-" in profile
-    assert "\nhost_cpu: " in profile and "host_cpu_source: \"measured: " in profile
+    assert "\nhost_cpu: " in profile and 'host_cpu_source: "measured: ' in profile
 
 
 def test_a_profile_is_refused_from_anything_but_a_ceiling_on_a_real_device(tmp_path):
@@ -73,3 +73,27 @@ def test_a_profile_is_refused_from_anything_but_a_ceiling_on_a_real_device(tmp_p
         write_profile("h200", ceiling, tmp_path)
     with pytest.raises(FacebenchError, match="--name Big GPU"):
         write_profile("Big GPU", ceiling, tmp_path)
+
+
+def test_a_profile_from_a_run_without_a_steady_rate_says_it_takes_the_whole_epoch(tmp_path, caplog):
+    # A profile asks for the device's steady pace: a ceiling of 10 batches, 5 workers x 2 made
+    # at the start, has none, and the profile says what it took instead.
+    import logging
+
+    from facebench.profile import write_profile
+    from facebench.results import JobResults
+
+    ceiling = JobResults(
+        "ceiling-w5-bs600-fp16",
+        {"loader": "ceiling", "model": "resnet50", "n_workers": 5, "loader.prefetch_factor": 2},
+        {"gpu": "NVIDIA H200"},
+        metrics={"images_per_s": 20_000.0, "batches": 10.0, "warmup_batches": 9.0},
+    )
+    with caplog.at_level(logging.INFO, logger="facebench"):
+        text = write_profile("h200", ceiling, tmp_path).read_text()
+    assert "images_per_s: 20000.0\n" in text
+    assert (
+        "run ceiling-w5-bs600-fp16 has no steady rate (10 batches, too few after its warm-up): "
+        "the profile takes its whole epoch's rate, start-up included, below the device's steady "
+        "pace. A ceiling run of 15 batches or more gives a steady one"
+    ) in caplog.text

@@ -104,6 +104,39 @@ def test_the_batches_made_at_the_start_are_warm_up_and_too_few_after_them_give_n
     assert rounds.metrics()["steady_images_per_s"] == pytest.approx(5 * 16 / (0.5 + 4 * 0.0001))
 
 
+def test_the_default_run_has_no_steady_rate_and_its_log_line_does_not_mention_one(caplog):
+    # python train.py: 10 batches of 600, 5 workers x prefetch 2 = all 10 made at the start.
+    import logging
+
+    from facebench.measurement import _log_epoch
+    from facebench.meter import batches_for_steady
+
+    default = _timed([1.5] + [0.0001] * 9, step_s=0.01, in_flight=10)
+    assert not default.steady_measured
+    # The fewest batches that give one, and the meter agrees on either side of it.
+    assert batches_for_steady(10) == 15
+    assert _timed([0.01] * 15, step_s=0.01, in_flight=10).steady_measured
+    assert not _timed([0.01] * 14, step_s=0.01, in_flight=10).steady_measured
+    metrics = {**default.metrics(), "cpu_util_mean": 90.0}
+    with caplog.at_level(logging.DEBUG, logger="facebench"):
+        _log_epoch(0, metrics, in_flight=10)
+    said = {record.levelno: record.getMessage() for record in caplog.records}
+    assert said[logging.INFO].startswith("epoch 0: 160 images in ")
+    assert "steady" not in said[logging.INFO]
+    assert said[logging.DEBUG] == (
+        "epoch 0: no steady rate: 9 of its 10 batches were warm-up (a tenth of the epoch, and "
+        "at least the 10 that n_workers x prefetch_factor start on at once), and a steady rate "
+        "needs 5 after the warm-up: 15 batches or more (a larger data.n_images or a smaller "
+        "batch_size)"
+    )
+    caplog.clear()
+    steady = _timed([0.01] * 20, step_s=0.01, in_flight=2)
+    with caplog.at_level(logging.DEBUG, logger="facebench"):
+        _log_epoch(1, {**steady.metrics(), "cpu_util_mean": 90.0}, in_flight=2)
+    [line] = caplog.messages
+    assert f"images/s (steady {steady.steady_images_per_s:,.1f}); first batch" in line
+
+
 def test_max_batches_stops_the_epoch():
     result = run_epoch(
         _batches(10), None, EpochSettings(torch.device("cpu"), max_batches=3, sample_hz=0)

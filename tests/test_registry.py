@@ -35,3 +35,24 @@ def test_a_registered_loader_joins_the_loader_tests_unedited():
     )
     assert ran.returncode == 0, ran.stdout[-3000:]
     assert "passed" in ran.stdout.splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "name"),
+    [
+        (["loader=dataset"], "dataset-w0-bs8-loader-only"),  # pil: its default
+        (["loader=dataset", "loader.decoder=fast"], "dataset-fast-w0-bs8-loader-only"),
+        (["loader=nodes", "loader.decoder=pil"], "nodes-pil-w0-bs8-loader-only"),
+        (["loader=nodes", "loader.decoder=torchvision"], "nodes-w0-bs8-loader-only"),
+        (["loader=spdl"], "spdl-w0-bs8-loader-only"),  # fast: its default
+        (["loader=raw", "model=resnet50", "amp=off"], "raw-w0-bs8-fp32"),  # decodes nothing
+    ],
+)
+def test_a_runs_name_names_a_decoder_other_than_its_loaders_default(make_cfg, overrides, name):
+    # Two runs that differ only in their decoder must not share a name; each loader's default
+    # comes from its options schema in the registry.
+    from facebench.job import run_name
+
+    cfg = make_cfg(*overrides)
+    precision = "fp32" if cfg.model != "none" else ""
+    assert run_name(cfg, precision) == name

@@ -153,3 +153,42 @@ def test_a_sweep_with_runs_not_in_mlflow_says_how_to_put_them_there(tmp_path, ca
         "1 of the sweep's runs finished but are not in MLflow (it failed during them); once it "
         f"answers: python -m facebench.upload {tmp_path}"
     ) in said
+
+
+def test_a_sweep_of_emulated_accelerators_shows_the_rate_au_follows(tmp_path, caplog):
+    # 8 h100s at AU 25%: 9,291.6 images/s over the whole epoch (start-up included) is not the
+    # rate AU is a share of; 0.25 x 8 x 8,960 = 17,920 images/s in the time AU counts is.
+    from facebench.sweep_summary import SweepSummary
+
+    for number, (count, au, rate) in enumerate([(1, 0.954, 7_000.1), (8, 0.25, 9_291.6)]):
+        (tmp_path / str(number)).mkdir()
+        results = {
+            "run_name": f"raw-w1-bs50-h100{f'-x{count}' if count > 1 else ''}",
+            "params": {
+                "loader": "raw",
+                "n_workers": 1,
+                "accelerator.name": "h100",
+                "accelerators_per_host": count,
+                "accelerator_images_per_s": 8960.0,
+            },
+            "metrics": {"images_per_s": rate, "data_wait_frac": 0.6, "au": au, "au_pass": 0.0},
+            "status": "FINISHED",
+        }
+        (tmp_path / str(number) / "results.json").write_text(json.dumps(results))
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    with caplog.at_level(logging.INFO, logger="facebench"):
+        SweepSummary().on_multirun_end(config)
+    lines = caplog.records[0].getMessage().splitlines()
+    assert lines[1].split()[4:] == ["images/s", "data", "wait", "AU", "AU", "images/s", "status"]
+    assert lines[3].split()[-5:] == ["9,291.6", "60%", "25%", "17,920", "FINISHED"]
+    legend = " ".join(lines[4:])
+    assert "images/s: the whole epoch, start-up included" in legend
+    assert "AU: the accelerators' computing time over the time after their first step" in legend
+
+
+def test_the_report_says_which_span_au_and_the_rate_cover():
+    table = {1: {"raw": Cell(0.6, 9_291.6, 1, au=0.25)}}
+    text = render((("model", "none"),), table)
+    assert "AU is the accelerators' computing time over the time after their first step" in text
+    assert "img/s is the whole epoch, start-up included" in text
+    assert "AU is" not in render((("model", "none"),), {1: {"raw": Cell(0.6, 9_291.6, 1)}})

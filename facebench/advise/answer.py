@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from facebench import stages
 from facebench.advise.measure import HEADROOM, SHM_NOTE, Measured, shortfall
 from facebench.printable import printable
 from facebench.resources import usable_cores
@@ -36,6 +37,14 @@ class Advice:
     @property
     def per_host(self) -> bool:
         return self.accelerator_rate > 0
+
+    @property
+    def run_name(self) -> str:
+        """Its MLflow run's name, without spaces: advise-resnet50-cpu, or advise-h100 for an
+        emulated accelerator (the model plays no part there)."""
+        if self.per_host:
+            return f"advise-{self.accelerator_name}"
+        return f"advise-{self.model}-{self.device}".replace(" ", "-")
 
     @property
     def target(self) -> str:
@@ -78,17 +87,36 @@ class Advice:
         return rows
 
     def fed_per_host(self, measured: Measured, cores: int) -> str:
-        """An estimate of how many accelerators it feeds on this host at once: its best rate
-        over the pace, but no more than the host's cores give each a loop and its workers
-        (measured here: a loader whose one rank fed six h100s by its rate fed one of two
-        ranks, its cores shared by both); or, feeding none, its AU with one."""
-        workers, best = measured.best()
+        """An estimate of how many accelerators it feeds on this host at once, and what limits
+        the count: its best rate over the pace, or the host's cores where they cannot give each
+        rank its loop and its workers (measured here: a loader whose one rank fed six h100s by
+        its rate fed one of two ranks, its cores shared by both); or, feeding none, its AU with
+        one and the stage that costs its workers most."""
         if not measured.rates:
             return "-"
-        if best >= self.ceiling:
-            by_cores = max(1, cores // (workers + 1))
-            return f"about {min(int(best // self.ceiling), by_cores)}"
-        return f"0 (AU about {best / self.accelerator_rate:.0%} with one)"
+        estimate = self.per_host_estimate(*measured.best(), cores)
+        if estimate is not None:
+            return f"about {estimate[0]}: {estimate[1]}"
+        best = measured.best()[1]
+        costly = stages.dominant_label(measured.stages.get(measured.best()[0], {}))
+        held = f", held back by {costly}" if costly else ""
+        return f"0 (AU about {best / self.accelerator_rate:.0%} with one{held})"
+
+    def per_host_estimate(self, workers: int, best: float, cores: int) -> tuple[int, str] | None:
+        """(accelerators one host feeds at once, what limits the count), from a loader's rate
+        with `workers` workers and this host's cores; None where it feeds not even one."""
+        if best < self.ceiling:
+            return None
+        by_rate = int(best // self.ceiling)
+        per_rank = workers + 1  # a core for a rank's loop and one for each of its workers
+        by_cores = max(1, cores // per_rank)
+        if by_cores < by_rate:
+            plural = "s" if workers > 1 else ""
+            return by_cores, (
+                f"{cores} cores, and each rank needs {per_rank} (its loop and {workers} "
+                f"worker{plural})"
+            )
+        return by_rate, f"its rate, {best / self.ceiling:.2f}x one's pace"
 
     def verdict(self) -> str:
         if not any(m.rates for m in self.measured):
@@ -119,8 +147,9 @@ class Advice:
             f"{self.n_images:,} images in about {epoch:,.0f} s."
         )
         if self.per_host:
+            count, limit = self.per_host_estimate(workers, rate, usable_cores()) or (0, "")
             text += (
-                " Accelerators per host are estimated from one's rate and this host's cores; "
+                f" One host feeds about {count} at once, limited by {limit}: an estimate; "
                 f"python train.py -m accelerator={self.accelerator_name} "
                 f"accelerators_per_host=1,2,4 loader={chosen.name} n_workers={workers} "
                 "measures them."

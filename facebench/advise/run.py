@@ -152,9 +152,9 @@ def record(advice: Advice, tracking: bool, out: Path | None = None) -> Path:
         chart(advice, out / "advice.png")
     tracker = Tracker(enabled=tracking, experiment=REPORTS_EXPERIMENT)
     params = {"model": advice.model, "device": advice.device, "n_images": advice.n_images}
-    with tracker.run(
-        f"advise-{advice.model}-{advice.device}", params, {"facebench.kind": "advise"}
-    ):
+    if advice.per_host:
+        params["accelerator"] = advice.accelerator_name
+    with tracker.run(advice.run_name, params, {"facebench.kind": "advise"}):
         tracker.log_metrics(
             {"ceiling_images_per_s": advice.ceiling}
             | {f"{m.name}_images_per_s": m.best()[1] for m in advice.measured if m.rates}
