@@ -208,13 +208,9 @@ def _timed_epoch(
                 asked_at = meter.now()
                 timeline.mark("handover")
             deaths.check()
-        if emulated is not None:  # steps still computing (sync=none): waited for, as a host's
-            emulated.finish()  # synchronize before reading a clock
-            timeline.arrived("step")  # the loader's last `next` its own, the rest the step's
+        use.end()
         times = meter.stop()
-        # After the loop: the device finishing the work queued last (the clock synchronized it).
-        tail = "handover" if settings.host_only else "step" if trainer is not None else "finish"
-        timeline.close(meter.ended_at, tail)
+        timeline.close(meter.ended_at, use.tail())
         resources = monitor.stop(meter.ended_at)  # workers still alive: their counters count
         library = library_metrics(made)  # outside the clock: it may ask the library for them
     finally:
@@ -265,6 +261,19 @@ class _Use:
     ) -> _Use:
         finish = Finisher(settings.device, settings.geometry)
         return cls(trainer, finish, busy, seen, timeline, settings.host_only, emulated)
+
+    def tail(self) -> str:
+        """What the loop's time after its last mark was: the device finishing the work queued
+        last (the clock synchronized it), or, host only, the handover."""
+        return "handover" if self.host_only else "step" if self.trainer is not None else "finish"
+
+    def end(self) -> None:
+        """After the last batch: emulated steps still computing (sync=none) waited for, as a
+        host synchronizes before it reads the clock; the loader's last `next` counted as its
+        own, the rest as the step's."""
+        if self.emulated is not None:
+            self.emulated.finish()
+            self.timeline.arrived("step")
 
     def __call__(self, batch: Batch, ready: Ready | None) -> None:
         if self.emulated is not None:

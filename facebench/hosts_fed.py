@@ -26,10 +26,17 @@ class Tried:
 
 
 def _key(params: Mapping[str, Any]) -> tuple[str, str, str]:
-    """Runs of one loader, n_workers and accelerator at one rate (a sweep over custom rates,
-    batch sizes or crops gives each its own line)."""
+    """Runs of one loader, n_workers and accelerator at one rate, host share and sync (a sweep
+    over custom rates, batch sizes, crops, accelerator.host_cpu or sync gives each its own
+    line)."""
     name, rate = str(params["accelerator.name"]), float(params.get("accelerator_images_per_s") or 0)
     accelerator = f"{name} ({rate:,.0f} images/s)" if rate else name
+    # How much of a core each rank's loop spun while it waited, and when it waited: what a GPU
+    # run's host pays (facebench/accelerator.py). Said only where it is not the default.
+    host_cpu = float(params.get("accelerator.host_cpu", 1.0))
+    sync = str(params.get("accelerator.sync", "every_step"))
+    if host_cpu != 1.0 or sync != "every_step":
+        accelerator += f" [host_cpu {host_cpu:g}, sync {sync}]"
     return str(params.get("loader")), str(params.get("n_workers")), accelerator
 
 

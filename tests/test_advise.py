@@ -250,8 +250,14 @@ def test_an_emulated_accelerator_is_the_ceiling_and_says_how_many_a_host_feeds(m
     assert rows["dataset"][-1] == "0 (AU about 5% with one)"  # 450 of 8,960
     monkeypatch.setattr("facebench.advise.answer.usable_cores", lambda: 2)
     assert {row[0]: row for row in advice.rows()}["raw"][-1] == (
-        "about 1: 2 cores, and each rank needs 2 (its loop and 1 worker)"
+        "about 1: 2 cores, and each rank needs 2 (its loop's 1 and 1 worker)"
     )
+    # A loop that idles while it waits (host_cpu 0) still takes a sliver: two ranks then fit.
+    advice.accelerator_host_cpu = 0.0
+    assert {row[0]: row for row in advice.rows()}["raw"][-1] == (
+        "about 1: 2 cores, and each rank needs 1.1 (its loop's 0.1 and 1 worker)"
+    )
+    advice.accelerator_host_cpu = 1.0
     verdict = advice.verdict()
     assert verdict.startswith(
         "Use loader=raw n_workers=1: it keeps an emulated h100 fed (40,000 images/s against "
@@ -259,8 +265,8 @@ def test_an_emulated_accelerator_is_the_ceiling_and_says_how_many_a_host_feeds(m
     )
     # 5x its pace, yet one per host: the verdict says why.
     assert (
-        "One host feeds about 1 at once, limited by 2 cores, and each rank needs 2 (its loop "
-        "and 1 worker): an estimate"
+        "One host feeds about 1 at once, limited by 2 cores, and each rank needs 2 (its loop's "
+        "1 and 1 worker): an estimate"
     ) in verdict
     # Feeding none: its AU with one, and the stage that costs its workers most.
     slow.stages = {

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from facebench import hosts_fed
 from facebench.accelerator import Accelerator, EmulatedSteps, spin
 from facebench.config import Sync
 from facebench.runner import run_training
@@ -140,3 +141,27 @@ def test_the_ceiling_keeps_an_h100_busy_at_small_batches_without_sync(make_cfg):
     )
     assert metrics["au"] >= 0.99
     assert metrics["accelerator_host_cpu_s"] > 0  # the default host_cpu (1) was spun
+
+
+def test_a_sweep_over_the_hosts_share_gives_each_share_its_own_line():
+    """host_cpu 0 and 1 in one sweep are two questions (DLIO's idle host, a GPU run's): their
+    runs are not mixed into one count of accelerators fed."""
+
+    def run(count: int, au: float, host_cpu: float) -> dict:
+        params = {
+            "loader": "raw",
+            "n_workers": 1,
+            "accelerator.name": "h100",
+            "accelerator_images_per_s": 8960.0,
+            "accelerators_per_host": count,
+            "accelerator.min_au": 0.9,
+            "accelerator.host_cpu": host_cpu,
+            "accelerator.sync": "every_step",
+        }
+        return {"params": params, "metrics": {"au": au, "au_pass": float(au >= 0.9)}, "tags": {}}
+
+    lines = hosts_fed.lines([run(1, 0.95, 0.0), run(2, 0.92, 0.0), run(1, 0.93, 1.0)])
+    assert len(lines) == 2
+    idle, spinning = sorted(lines, key=lambda line: "host_cpu 0" not in line)
+    assert "[host_cpu 0, sync every_step]" in idle and "feeds 2 h100" in idle
+    assert "host_cpu" not in spinning and "feeds 1 h100" in spinning

@@ -33,6 +33,7 @@ class Advice:
     # how many of them one host's loaders feed (estimated). 0: a real device.
     accelerator_rate: float = 0.0
     accelerator_name: str = ""
+    accelerator_host_cpu: float = 1.0  # the share of a core each rank's loop keeps busy
 
     @property
     def per_host(self) -> bool:
@@ -108,13 +109,16 @@ class Advice:
         if best < self.ceiling:
             return None
         by_rate = int(best // self.ceiling)
-        per_rank = workers + 1  # a core for a rank's loop and one for each of its workers
-        by_cores = max(1, cores // per_rank)
+        # A core for each of a rank's workers, and its loop's share while it waits for the
+        # accelerator (accelerator.host_cpu; at least a sliver: the loop hands batches over).
+        loop = max(0.1, self.accelerator_host_cpu)
+        per_rank = workers + loop
+        by_cores = max(1, int(cores // per_rank))
         if by_cores < by_rate:
             plural = "s" if workers > 1 else ""
             return by_cores, (
-                f"{cores} cores, and each rank needs {per_rank} (its loop and {workers} "
-                f"worker{plural})"
+                f"{cores} cores, and each rank needs {per_rank:g} (its loop's {loop:g} and "
+                f"{workers} worker{plural})"
             )
         return by_rate, f"its rate, {best / self.ceiling:.2f}x one's pace"
 

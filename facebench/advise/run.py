@@ -87,6 +87,7 @@ def advise(cfg: AdviseConfig) -> Advice:
         ceiling_note=ceiling.note(),
         accelerator_rate=job.accelerator.images_per_s if job.accelerator else 0.0,
         accelerator_name=job.accelerator.name if job.accelerator else "",
+        accelerator_host_cpu=job.accelerator.host_cpu if job.accelerator else 1.0,
     )
 
 

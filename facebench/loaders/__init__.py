@@ -90,6 +90,8 @@ def set_up(
         spec.worker_memory(ctx),
         processes_per_machine=world.local_world_size,
         enabled=cfg.resource_check,
+        # Ranks this job started for its emulated accelerators: fewer of them is the fix.
+        ranks_setting="accelerators_per_host" if cfg.accelerators_per_host > 1 else "",
     )
     if loop_holds is not None:  # after the memory's check: more workers than memory come first
         batches = in_flight(cfg.loader.name, spec, ctx, loop_holds)
