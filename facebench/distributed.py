@@ -55,6 +55,21 @@ def world_from_env() -> World:
     )
 
 
+# Set by facebench's own launcher (facebench/per_host.py) for the ranks it starts: its pid.
+AGENT_PID_ENV = "FACEBENCH_AGENT_PID"
+
+
+def agent_pid() -> int | None:
+    """The torchrun agent that started this process as a rank (None where no agent did): the
+    process whose end leaves the rank running for no one. facebench's launcher passes its pid
+    down, which holds even if it died before the rank asked; under a user's own torchrun, this
+    process's parent as the job starts."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:  # set by torchrun's agent for its ranks only
+        return None
+    passed = os.environ.get(AGENT_PID_ENV, "")
+    return int(passed) if passed.isdigit() else os.getppid()
+
+
 def _export_submitit_environment() -> None:
     from submitit.helpers import TorchDistributedEnvironment
 

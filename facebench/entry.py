@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from facebench import loaders, parent_death, printable
 from facebench.config import register_configs, typed
+from facebench.distributed import agent_pid
 from facebench.errors import FacebenchError, Interrupted, TrackingLost, interruption
 from facebench.paths import PROJECT_ROOT
 
@@ -188,6 +189,10 @@ _REDELIVER_S = 0.1
 _swallowed: KeyboardInterrupt | None = None  # the last interrupt a finalizer dropped
 _stopping = False  # a Ctrl-C or SIGTERM is ending the job
 
+# How long a rank whose torchrun agent is gone (killed with its job) has to stop in order, as if
+# the agent had stopped it, before it leaves at once: a rank stops within a second or two.
+RANK_STOP_GRACE_S = 5.0
+
 
 def install_process_handlers() -> None:
     """How this process, and the workers it forks, end and report failures.
@@ -197,7 +202,8 @@ def install_process_handlers() -> None:
     raised inside a finalizer, which drops it, is delivered again a moment later. A worker
     whose main process stopped listening (it failed, and says why in one line) goes without
     printing the broken pipe's traceback. Every process forked from here on dies with its
-    parent, even one killed with SIGKILL (facebench.parent_death).
+    parent, even one killed with SIGKILL (facebench.parent_death), and so does a rank started by
+    torchrun's agent: it stops, as on SIGTERM, once the agent is gone.
     """
     global _job_pid
     _job_pid = os.getpid()
@@ -209,6 +215,11 @@ def install_process_handlers() -> None:
         sys.unraisablehook = _swallowed_interrupts(sys.unraisablehook)
         sys.unraisablehook.facebench = True  # type: ignore[attr-defined]
     sys.excepthook = _quiet_broken_pipes_in_workers
+    agent = agent_pid()
+    if agent is not None:
+        # An agent killed outright (with its job, by the OOM killer) cannot stop its ranks,
+        # which it starts in sessions of their own: they would run on, feeding no one.
+        parent_death.end_with(agent, "torchrun's agent", signal.SIGTERM, RANK_STOP_GRACE_S)
 
 
 def _quiet_broken_pipes_in_workers(kind: type[BaseException], error: BaseException, tb) -> None:

@@ -16,18 +16,27 @@ printed a KeyboardInterrupt traceback from each (torchdata.nodes', LitData's, th
 pools). A forked child leaves Ctrl-C to its parent, which stops the run in one line and its
 workers with it. (A Python handler, not SIG_IGN: a program the child runs with exec gets the
 default back.)
+
+A process started with exec (subprocess's children: torchrun's launcher, its ranks) runs no fork
+hook. `end_with()` makes one stop when its parent ends, in order where it can: its main thread
+is sent a signal its own handlers act on (a launcher stops its ranks, a rank closes its run),
+and only one still there after a grace period leaves at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
+import logging
 import multiprocessing.process
 import os
 import shutil
 import signal
 import sys
 import threading
+
+log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
 _POLL_S = 0.5
@@ -37,6 +46,7 @@ _prctl = None  # libc's prctl, found once in the parent (not in a child just for
 _parent_pid = 0  # the forking process, as seen by the child (set just before each fork)
 _forked_from_main_thread = True
 _parent_tempdir: str | None = None  # multiprocessing's temporary folder of the forking process
+_ending_with: int | None = None  # the parent end_with() watches, once per process
 
 
 def install() -> None:
@@ -76,10 +86,53 @@ def _ask_for_sigkill() -> bool:
 
 
 def _watch() -> None:
-    parent = _parent_pid
+    _outlive(_parent_pid)
+    os._exit(1)
+
+
+def _outlive(parent: int) -> None:
+    """Return once `parent` is no longer this process's parent: it ended, and the process was
+    handed to a reaper (init, or a subreaper such as a container's)."""
     while os.getppid() == parent:
         threading.Event().wait(_POLL_S)
-    os._exit(1)
+
+
+def end_with(parent: int, name: str, signum: signal.Signals, grace_s: float) -> None:
+    """Stop this process, started with exec, when `parent` ends, however that one ends: its main
+    thread is sent `signum` (its handlers stop it in order), and it leaves at once if it is
+    still there `grace_s` later. At once (in a moment) if `parent` is already gone.
+
+    `parent` is passed down by the parent itself, since os.getppid() here, after a parent's
+    early death, already names the reaper. A thread watches rather than the kernel's death
+    signal, which comes when the parent's *thread* that started this process ends: which of its
+    threads that was (torchrun's agent's, for a rank) is the parent's business. The signal goes
+    to the main thread itself so that its blocking call (a sleep, a wait) is interrupted and the
+    handler runs at once; sent to the process, it may land on the watching thread instead.
+    Once per process: a later call (the next job of a sweep in the same rank) changes nothing.
+    """
+    global _ending_with
+    if _ending_with is not None or not hasattr(signal, "pthread_kill"):  # not on Windows
+        return
+    _ending_with = parent
+    threading.Thread(
+        target=_stop_when_gone,
+        args=(parent, name, signum, grace_s),
+        name="facebench-parent-watch",
+        daemon=True,
+    ).start()
+
+
+def _stop_when_gone(parent: int, name: str, signum: signal.Signals, grace_s: float) -> None:
+    _outlive(parent)
+    main = threading.main_thread().ident
+    if main is not None:
+        # ProcessLookupError: the main thread has ended, and the process is ending anyway.
+        with contextlib.suppress(ProcessLookupError):
+            signal.pthread_kill(main, signum)
+    # After the signal, so that the stop never waits on the line (a log handler's lock).
+    log.warning("%s (pid %d) is gone: stopping this process (pid %d)", name, parent, os.getpid())
+    threading.Event().wait(grace_s)
+    os._exit(128 + signum)
 
 
 def _tempdir() -> str | None:

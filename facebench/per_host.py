@@ -22,9 +22,10 @@ from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 
+from facebench import parent_death
 from facebench.accelerator import Accelerator
 from facebench.config import TrainConfig
-from facebench.distributed import world_from_env
+from facebench.distributed import AGENT_PID_ENV, world_from_env
 from facebench.entry import MULTIRUN_ENV, SWEEP_ID_ENV
 from facebench.errors import ConfigError, FacebenchError, TrackingLost
 from facebench.resources import usable_cores
@@ -36,6 +37,9 @@ log = logging.getLogger(__name__)
 # How long torchrun's launcher has to stop its ranks when this job is stopped (it gives each
 # rank 30 s by default; an emulated rank stops within a second or two).
 STOP_GRACE_S = 20.0
+
+# The job's pid, for its launcher: the process whose end stops the launcher (and so the ranks).
+JOB_PID_ENV = "FACEBENCH_JOB_PID"
 
 
 def wanted(cfg: TrainConfig) -> bool:
@@ -75,6 +79,7 @@ def run_ranks(
     env = {
         **os.environ,
         SWEEP_ID_ENV: sweep_id or "",
+        JOB_PID_ENV: str(os.getpid()),
         MULTIRUN_ENV: "1" if multirun else "",
         # torchrun gives each of several ranks one thread unless told; a job of one rank runs
         # with every core's. The cores shared out, so a sweep over the count compares like with
@@ -106,7 +111,8 @@ def run_ranks(
 def _launch(command: list[str], env: dict[str, str]) -> int:
     """torchrun's launcher, waited for; if this process is stopped (Ctrl-C, SIGTERM as an
     exception), the launcher is asked to stop first, so that it stops its ranks (started in
-    sessions of their own, they would outlive a killed launcher), then killed if it will not."""
+    sessions of their own, they would outlive a killed launcher), then killed if it will not.
+    Killed outright itself, this process asks nothing: the launcher sees it gone (_launcher)."""
     launcher = subprocess.Popen(command, env=env)
     try:
         return launcher.wait()
@@ -124,6 +130,15 @@ def _launcher(argv: list[str]) -> None:
     """torchrun's launcher (torch.distributed.run), quiet when stopped: told to stop, it stops
     its ranks, which say so in a line each, then raises SignalException, whose traceback would
     follow the ranks' lines. Ends with the signal's usual exit status instead."""
+    # The job's end, however it ends (SIGKILL: a batch system's hard kill, the OOM killer),
+    # stops the launcher as the job's SIGTERM would: SIGTERM lets torch's agent stop its ranks
+    # in order, where SIGKILL would leave each to notice it gone. The job passes its pid down,
+    # so that one killed before this line is noticed too.
+    job = os.environ.get(JOB_PID_ENV, "")
+    parent = int(job) if job.isdigit() else os.getppid()
+    parent_death.end_with(parent, "the job", signal.SIGTERM, STOP_GRACE_S)
+    # For the ranks (facebench.distributed.agent_pid): whose end to watch.
+    os.environ[AGENT_PID_ENV] = str(os.getpid())
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main
 

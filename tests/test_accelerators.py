@@ -7,6 +7,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
 
 import psutil
 import pytest
@@ -209,13 +212,46 @@ def test_a_stopped_job_stops_its_ranks(tmp_path, cache, isolated_env):
     """SIGTERM to a job of several emulated accelerators reaches its ranks through torchrun's
     launcher, which the job waits for: when the job has ended, none of them is left (killed
     at once, the launcher would leave its ranks running on their own)."""
+    with _job_of_two_ranks(tmp_path, cache, isolated_env) as (process, family, log):
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=90)
+        # A moment for the kernel to reap what has just exited, not for a survivor to finish.
+        _assert_all_gone(family, timeout=2)
+        assert process.returncode != 0
+        assert "Traceback" not in log.read_text()[-2000:], log.read_text()[-3000:]
+
+
+@pytest.mark.slow
+def test_a_killed_job_takes_its_ranks_with_it(tmp_path, cache, isolated_env):
+    """SIGKILL of a job of several emulated accelerators (a batch system's hard kill, the OOM
+    killer), which can stop nothing itself: its launcher, ranks and their workers still end
+    within seconds (the launcher stops its ranks once the job is gone; a rank stops once its
+    launcher is), where they ran on, feeding no one, for the rest of their epochs."""
+    # DataLoader's worker processes: one under each rank.
+    with _job_of_two_ranks(tmp_path, cache, isolated_env, "dataset", processes=5) as job:
+        process, family, log = job
+        process.kill()
+        process.wait(timeout=10)
+        _assert_all_gone(family, timeout=10)
+        assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+
+
+@contextmanager
+def _job_of_two_ranks(
+    tmp_path: Path, cache: Path, env: dict[str, str], loader: str = "raw", processes: int = 3
+) -> Iterator[tuple[subprocess.Popen, list[psutil.Process], Path]]:
+    """train.py with two emulated accelerators in a 30 s epoch, once both ranks run it and the
+    job's processes (launcher, ranks, their workers) number `processes`: the job, those
+    processes and its log. Whatever of them is left when the test ends, passed or failed, is
+    killed."""
     log = tmp_path / "job.log"
+    family: list[psutil.Process] = []
     with log.open("w") as output:
         process = subprocess.Popen(
             [
                 sys.executable,
                 str(PROJECT_ROOT / "train.py"),
-                "loader=raw",
+                f"loader={loader}",
                 "n_workers=1",
                 f"data.cache_dir={cache}",
                 "data.n_images=600",
@@ -229,27 +265,48 @@ def test_a_stopped_job_stops_its_ranks(tmp_path, cache, isolated_env):
             ],
             stdout=output,
             stderr=subprocess.STDOUT,
-            env=isolated_env,
+            env=env,
         )
+    try:
         deadline = time.monotonic() + 120
-        # A rank's line just before its first epoch.
-        while "an emulated custom" not in log.read_text() and time.monotonic() < deadline:
+        # A rank's line just before its first epoch; the other rank meets it after each step.
+        while time.monotonic() < deadline and process.poll() is None:
+            if "an emulated custom" in log.read_text():
+                family[:] = psutil.Process(process.pid).children(recursive=True)
+                if len(family) >= processes:
+                    break
             time.sleep(0.2)
-        family = psutil.Process(process.pid).children(recursive=True)  # launcher, ranks, ...
-        assert process.poll() is None and len(family) >= 3, log.read_text()[-3000:]
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=90)
-    # A moment for the kernel to reap what has just exited, not for a survivor to finish.
-    _, alive = psutil.wait_procs(family, timeout=2)
+        # The launcher's children; their own children (DataLoader's workers) run train.py too.
+        launchers = {child.pid for child in psutil.Process(process.pid).children()}
+        ranks = [p for p in family if _is_rank(p, launchers)]
+        assert process.poll() is None and len(ranks) == 2, log.read_text()[-3000:]
+        assert len(family) >= processes, (family, log.read_text()[-3000:])
+        yield process, family, log
+    finally:
+        if process.poll() is None:
+            family += psutil.Process(process.pid).children(recursive=True)
+            process.kill()
+            process.wait()
+        for leftover in family:
+            with suppress(psutil.NoSuchProcess):
+                leftover.kill()
+
+
+def _is_rank(process: psutil.Process, launchers: set[int]) -> bool:
+    try:
+        command = process.cmdline()
+        return process.ppid() in launchers and any(arg.endswith("train.py") for arg in command)
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _assert_all_gone(family: list[psutil.Process], timeout: float) -> None:
+    _, alive = psutil.wait_procs(family, timeout=timeout)
     # An exited process whose parent is gone waits as a zombie for init to reap it: it runs
     # nothing, holds nothing.
     running = {p.pid: _status(p) for p in alive}
     alive = [p for p in alive if running[p.pid] not in (psutil.STATUS_ZOMBIE, "gone")]
-    for survivor in alive:
-        survivor.kill()
     assert not alive, f"processes of the job outlived it (pid: status as it ended): {running}"
-    assert process.returncode != 0
-    assert "Traceback" not in log.read_text()[-2000:], log.read_text()[-3000:]
 
 
 def _status(process: psutil.Process) -> str:
