@@ -4,6 +4,7 @@ stopped at its end, or a running cluster joined (`loader.address`) and left runn
     with ray_cluster(address, cpus, object_store_bytes) as cluster:   # outside the epoch clock
         ...                                     # Ray Data runs its tasks on cluster.nodes
     # local instance: its processes (GCS, raylet, workers) stopped; a joined cluster: left
+    # (a local instance's processes go with the job even when it is killed: ray_reaper.py)
 
 Start-up is timed as a whole (`cluster.start_s`): starting or joining, then one task per CPU
 that imports what the decode tasks import (torch, Ray Data, facebench's decode stage), so that
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 import psutil
 
 from facebench.errors import LoaderFailure
+from facebench.loaders.ray_reaper import Reaper
 from facebench.loaders.ray_threads import end_threads
 
 log = logging.getLogger(__name__)
@@ -80,12 +82,15 @@ def ray_cluster(address: str, cpus: int, object_store_bytes: int) -> Iterator[Cl
     used_before = psutil.virtual_memory().used
     started = time.perf_counter()
     connected_before = ray.is_initialized()
+    reaper = None
     try:
         if connected_before:
             log.info("raydata: using this process's connection to Ray, left open at the end")
         elif address:
             _join(address)
         else:
+            # Started first: a job killed while Ray starts leaves nothing behind either.
+            reaper = Reaper.start()
             _start_local(cpus, object_store_bytes)
         cluster = _ready(address if address or connected_before else "", started, connected_before)
         added = max(0, psutil.virtual_memory().used - used_before) / 2**20
@@ -99,6 +104,8 @@ def ray_cluster(address: str, cpus: int, object_store_bytes: int) -> Iterator[Cl
         if not connected_before and ray.is_initialized():
             # A local instance's processes stop here; a joined cluster is only disconnected.
             ray.shutdown()
+        if reaper is not None:  # what is left of the local instance goes now
+            reaper.release()
 
 
 def _start_local(cpus: int, object_store_bytes: int) -> None:
