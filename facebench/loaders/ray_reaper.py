@@ -28,6 +28,8 @@ import sys
 
 import psutil
 
+from facebench.paths import PROJECT_ROOT
+
 _NOTE_S = 0.5
 _RELEASE_TIMEOUT_S = 10.0
 
@@ -41,8 +43,11 @@ class Reaper:
     @classmethod
     def start(cls) -> Reaper:
         command = [sys.executable, "-m", __name__, str(psutil.Process().pid)]
+        # facebench importable as it is here, installed or run from a checkout.
+        path = [str(PROJECT_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
         # Its own session: a Ctrl-C to the job's terminal is the job's to handle, not its.
-        process = subprocess.Popen(command, stdin=subprocess.PIPE, start_new_session=True)
+        process = subprocess.Popen(command, stdin=subprocess.PIPE, start_new_session=True, env=env)
         return cls(process)
 
     def release(self) -> None:
