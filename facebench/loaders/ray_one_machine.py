@@ -28,6 +28,7 @@ import psutil
 
 from facebench.errors import LoaderFailure
 from facebench.loaders.ray_cluster import first_line
+from facebench.loaders.ray_reaper import is_ray_process
 
 
 @dataclass(frozen=True)
@@ -103,18 +104,12 @@ def cluster_processes(temp_dir: str, port: int) -> list[Any]:
 
 
 def ray_processes() -> set[int]:
-    """Every Ray process on this machine, of any cluster: GCS servers, raylets, and what Ray
-    names ray::... (workers, its dashboard and runtime-env agents)."""
+    """Every Ray process on this machine, of any cluster (ray_reaper.is_ray_process)."""
     found = set()
-    for process in psutil.process_iter(["name", "cmdline"]):
-        try:
-            line = process.info["cmdline"] or []
-            name = process.info["name"] or ""
-        except psutil.Error:
-            continue
-        first = line[0] if line else ""
-        if name in ("gcs_server", "raylet") or first.startswith("ray::"):
-            found.add(process.pid)
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if is_ray_process(process):
+                found.add(process.pid)
     return found
 
 

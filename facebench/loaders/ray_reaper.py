@@ -67,13 +67,15 @@ def ray_processes_below(job: psutil.Process) -> list[psutil.Process]:
     found: dict[int, psutil.Process] = {}
     for child in job.children():
         with contextlib.suppress(psutil.Error):
-            if _is_ray(child):
+            if is_ray_process(child):
                 found[child.pid] = child
                 found.update((grand.pid, grand) for grand in child.children(recursive=True))
     return list(found.values())
 
 
-def _is_ray(process: psutil.Process) -> bool:
+def is_ray_process(process: psutil.Process) -> bool:
+    """Ray's GCS or raylet, a process Ray names ray::... (workers, agents), or one of Ray's own
+    Python services (its dashboard, monitors, a worker starting)."""
     line = process.cmdline()
     first = line[0] if line else ""
     return (
