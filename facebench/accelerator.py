@@ -86,15 +86,6 @@ class Accelerator:
         """'h100 (8,960 images/s)'."""
         return f"{self.name} ({self.images_per_s:,.0f} images/s)"
 
-    def host_note(self) -> str:
-        """What its steps ask of the host: 'its loop keeps 1 core busy, waits every step'."""
-        wait = (
-            "waits for every step"
-            if self.sync == Sync.every_step
-            else (f"runs up to {self.queue} step(s) ahead")
-        )
-        return f"its loop keeps {self.host_cpu:g} core busy and {wait}"
-
     def step_s(self, images: int) -> float:
         return images / self.images_per_s
 

@@ -158,8 +158,8 @@ class AcceleratorConfig:
     source: str = ""
     # The share of one core the training process keeps busy during a step (launching kernels,
     # the optimizer's Python, CUDA's wait for the step, which spins while the host has more
-    # cores than CUDA contexts): spun in the loop's process during each emulated step, so the
-    # loader's workers and threads compete with it as on a GPU host. 0: the host idles.
+    # cores than CUDA contexts): spun in the loop's process whenever it waits for a step, so
+    # the loader's workers and threads compete with it as on a GPU host. 0: the host idles.
     host_cpu: float = 1.0
     host_cpu_source: str = (
         "unmeasured: CUDA's default scheduling spins the thread that waits for a step, so a "
