@@ -89,14 +89,6 @@ def is_ray_process(process: psutil.Process) -> bool:
 _SESSION = re.compile(r"session_\d{4}-\d\d-\d\d_[\d-]+_\d+")
 
 
-def _sessions(noted: dict[tuple[int, float], psutil.Process]) -> set[str]:
-    found = set()
-    for process in noted.values():
-        with contextlib.suppress(psutil.Error):
-            found.update(_SESSION.findall(" ".join(process.cmdline())))
-    return found
-
-
 def _reap(noted: dict[tuple[int, float], psutil.Process], sessions: set[str]) -> None:
     """Kill the noted processes still running, and any other of the same Ray session (a
     worker the raylet was starting as the job died, never noted, now adopted by init); then
@@ -130,8 +122,10 @@ def main(job_pid: int) -> None:
         with contextlib.suppress(psutil.Error):
             for process in ray_processes_below(job):
                 with contextlib.suppress(psutil.Error):
-                    noted[(process.pid, process.create_time())] = process
-        sessions |= _sessions(noted)
+                    key = (process.pid, process.create_time())
+                    if key not in noted:  # a new one: the session its command line names
+                        sessions.update(_SESSION.findall(" ".join(process.cmdline())))
+                        noted[key] = process
     _reap(noted, sessions)
 
 
