@@ -119,10 +119,15 @@ def test_spinning_burns_this_core_and_leaves_the_gil_to_other_threads():
     finally:
         stop.set()
         other.join()
+    spun = time.thread_time() - cpu
     assert time.perf_counter() - wall >= 0.3
-    # Busy, not asleep (which costs no CPU), though another thread wanted the GIL all along;
-    # a third of the time allowed, for a machine whose other core is busy too.
-    assert time.thread_time() - cpu >= 0.1
+    asleep = time.thread_time()
+    time.sleep(0.3)
+    slept = time.thread_time() - asleep
+    # Busy, not asleep, though another thread wanted the GIL all along. How much of a core the
+    # spin gets depends on what else the machine runs (a quarter of one, with both cores
+    # loaded beside the suite): held against the same wait slept, not against the clock.
+    assert spun >= 0.03 and spun > 20 * slept, (spun, slept)
     assert counted > 0  # and that thread ran meanwhile
 
 
