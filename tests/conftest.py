@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import io
 import logging
 import os
 import shutil
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +23,15 @@ from facebench.config import typed
 from facebench.data.synthetic import ensure_synthetic
 from facebench.entry import configure
 from facebench.paths import PROJECT_ROOT
+from facebench.printable import printable
 from tests.helpers import FAST_LOADERS, LOADERS
 
 CONF_DIR = str(PROJECT_ROOT / "conf")
 
 configure()
+# Ray starts its workers at nice 15, which leaves them starved beside the suite's other test
+# process (a raydata epoch then takes minutes): here they compete as every loader's workers do.
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 
 def _image_bytes(mode: str, size: tuple[int, int], seed: int, fmt: str) -> bytes:
@@ -137,14 +144,15 @@ def isolated_env(tmp_path: Path, empty_store: Path) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="session")
-def ray_here() -> Any:
+def _ray_here() -> None:
     """One local Ray instance for this process's loader=raydata cases (2 CPUs, a 512 MB object
     store): each job then uses this connection and leaves it open, rather than starting and
     stopping an instance of its own (7 s each). Starting and stopping is tested in
     subprocesses (tests/test_raydata.py)."""
     import ray
 
+    if ray.is_initialized():
+        return
     ray.init(
         address="local",
         num_cpus=2,
@@ -153,23 +161,107 @@ def ray_here() -> Any:
         log_to_driver=False,
         logging_level=logging.ERROR,
     )
-    yield ray
-    ray.shutdown()
+
+
+def _end_ray_here() -> None:
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        from facebench.loaders.ray_threads import end_threads
+
+        end_threads()
+        ray.shutdown()
 
 
 @pytest.fixture(autouse=True)
-def _raydata_cases_share_ray(request: pytest.FixtureRequest) -> None:
+def _ray_only_for_its_cases(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A loader=raydata case shares this process's Ray instance; any other test runs with no
+    Ray in the process, so that no loader's workers are forked from a process running Ray's
+    threads (the Ray group runs first on its pytest-xdist worker, which then goes on to
+    others)."""
+    # pytest-xdist marks a grouped test's id with its group. Without the group, Ray's tests
+    # would run beside each other and count each other's processes, failing at random.
+    node = request.node
+    loadgroup = getattr(request.config.option, "loadgroup", False)  # set in xdist's workers
+    grouped = loadgroup and node.get_closest_marker("xdist_group")
+    if grouped and not node.nodeid.endswith("@ray"):
+        pytest.fail(
+            "pytest-xdist did not put this test in the Ray group (pytest-xdist#1386, under "
+            "pytest 9.2): install the test tools pyproject.toml pins (pip install -e "
+            "'.[dev]'), or run one test at a time (-n 0)"
+        )
     if _loader_of(request.node) == "raydata":
-        request.getfixturevalue("ray_here")
+        _ray_here()
+    else:
+        _end_ray_here()
+    yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_ray_left() -> Iterator[None]:
+    yield
+    _end_ray_here()
+
+
+@pytest.fixture(scope="session")
+def _turns(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
+    """Under pytest-xdist, the folder all its workers share (each has a base temp of its own
+    below it): the locks by which a test marked `alone` runs with no other beside it."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return None
+    return tmp_path_factory.getbasetemp().parent
+
+
+@pytest.fixture(autouse=True)
+def _alone_when_asked(request: pytest.FixtureRequest, _turns: Path | None) -> Iterator[None]:
+    """A readers-writer lock across the suite's worker processes. Every test holds `tests`
+    shared while it runs; one marked `alone` (it measures time or CPU, so another test beside
+    it on these few cores would move its numbers) holds it exclusive. `gate` keeps a waiting
+    `alone` test from being starved: while one waits, no other test starts."""
+    if _turns is None:
+        yield
+        return
+    alone = request.node.get_closest_marker("alone") is not None
+    kind = fcntl.LOCK_EX if alone else fcntl.LOCK_SH
+    with _locked(_turns / "gate", kind, hold=alone), _locked(_turns / "tests", kind):
+        yield
+
+
+@contextlib.contextmanager
+def _locked(path: Path, kind: int, hold: bool = True) -> Iterator[None]:
+    """`path` flocked as `kind`; held until the block ends, or (hold=False) only passed
+    through, as a turnstile."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, kind)
+        if not hold:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        yield
+    finally:
+        os.close(fd)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Captured output made printable, as facebench's own log handlers make it
+    (facebench/printable.py): pytest's capture handler logs a file name's odd bytes as
+    surrogates, which a report cannot carry from a pytest-xdist worker."""
+    report = yield
+    report.sections = [(title, printable(text)) for title, text in report.sections]
+    if report.longrepr is not None:
+        text = str(report.longrepr)
+        if printable(text) != text:  # a failure's message that names such a file
+            report.longrepr = printable(text)
+    return report
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects by marker
 def pytest_collection_modifyitems(config, items):
     """GPU tests are skipped, not deleted, where there is no CUDA device. A test run once per
     loader runs in the fast subset for the loaders of FAST_LOADERS only (every loader if it is
-    marked every_loader); the full suite runs it for all. A loader=raydata case runs after all
-    others: its first one connects this process to Ray (Ray Data starts a local instance), and
-    no other loader's workers should then be forked from a process with Ray's threads."""
+    marked every_loader); the full suite runs it for all. Every test that starts Ray (a
+    loader=raydata case, or one marked `ray`) is in one pytest-xdist group, run one after
+    another in one worker process: a test that counts Ray's processes then sees its own only.
+    Within it a loader=raydata case runs last: its first one connects the process to Ray."""
     import torch
 
     skip = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA device")
@@ -179,6 +271,8 @@ def pytest_collection_modifyitems(config, items):
         loader = _loader_of(item)
         if loader in LOADERS and loader not in FAST_LOADERS and "every_loader" not in item.keywords:
             item.add_marker(pytest.mark.slow)
+        if loader == "raydata" or item.get_closest_marker("ray") is not None:
+            item.add_marker(pytest.mark.xdist_group("ray"))
     items.sort(key=lambda item: _loader_of(item) == "raydata")  # stable: otherwise in order
 
 

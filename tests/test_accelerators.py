@@ -102,6 +102,7 @@ def test_au_leaves_the_first_step_out_and_counts_only_the_steps():
     assert EmulatedSteps(steps.accelerator).metrics(1.0) == {}  # no step: nothing to say
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("rate", [2000, 8960])
 def test_the_compute_ceiling_keeps_any_accelerator_busy(make_cfg, rate):
     metrics = run_training(
@@ -127,6 +128,7 @@ def _host_rate(make_cfg, *overrides: str) -> float:
     return metrics["steady_images_per_s"]
 
 
+@pytest.mark.alone
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("loader", "times"),
@@ -171,6 +173,7 @@ def test_au_follows_how_fast_the_loader_feeds(make_cfg, loader, times):
     assert sorted(ratios)[1] == pytest.approx(1.0, rel=0.10), (ratios, hosts)
 
 
+@pytest.mark.alone
 @pytest.mark.slow
 def test_n_accelerators_a_host_feeds_n_times_over_add_up(tmp_path, cache, isolated_env):
     """Two emulated accelerators, one process each (started by torchrun's launcher): their

@@ -96,6 +96,7 @@ def test_advise_without_a_model_says_so_and_names_no_loader(make_cfg):
     assert "loader=" not in message  # the user chose none (it once blamed the compute ceiling)
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_advise_answers_on_a_tiny_synthetic_set(tmp_path, cache, synthetic_root):
     out = tmp_path / "advice"

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.slow
 N_IMAGES, BATCH = 24, 4  # three batches a rank: enough to split, few enough to train fast
 
 
+@pytest.mark.ray
 def test_every_loader_splits_the_epoch_across_two_ranks(tmp_path, cache, isolated_env):
     sweep = tmp_path / "multirun"
     result = subprocess.run(

@@ -100,6 +100,7 @@ def test_the_queue_bounds_how_far_the_loop_runs_ahead():
     assert clock.now == pytest.approx(0.2)
 
 
+@pytest.mark.alone
 def test_spinning_burns_this_core_and_leaves_the_gil_to_other_threads():
     """What host_cpu stands for: CUDA's wait keeps a core busy in C, while the process's other
     threads (a thread-based loader's) run Python beside it."""
@@ -131,6 +132,7 @@ def test_spinning_burns_this_core_and_leaves_the_gil_to_other_threads():
     assert counted > 0  # and that thread ran meanwhile
 
 
+@pytest.mark.alone
 def test_the_ceiling_keeps_an_h100_busy_at_small_batches_without_sync(make_cfg):
     """The ceiling loader hands batches over at once: with sync=none the loop's own work per
     step (handover, bookkeeping, a late wake-up) overlaps the step, as on a GPU, and AU reaches

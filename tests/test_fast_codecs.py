@@ -5,6 +5,7 @@ files and data.max_pixels end as they do with PIL."""
 from __future__ import annotations
 
 import io
+import re
 import zlib
 from pathlib import Path
 
@@ -45,7 +46,8 @@ def _outcome(decode, data: bytes, source: str) -> tuple[str, object]:
     try:
         pixels = decode(data, source)
     except BadImage as error:
-        return "error", str(error)
+        # PIL names the buffer it was given by its address, which differs from call to call.
+        return "error", re.sub(r" object at 0x[0-9a-f]+", " object", str(error))
     pixels = pixels[0] if isinstance(pixels, tuple) else pixels
     return "pixels", (pixels.shape, pixels.tobytes())
 

@@ -26,6 +26,8 @@ from facebench.stages import StageTimes
 from tests.helpers import free_port
 
 pytest.importorskip("ray.data")
+# Each test counts the Ray processes it leaves: no other test may start Ray meanwhile.
+pytestmark = pytest.mark.ray
 
 
 def _train(tmp_path: Path, env: dict, cache: Path, *overrides: str) -> subprocess.Popen:

@@ -12,7 +12,8 @@ from facebench.paths import PROJECT_ROOT
 
 @pytest.mark.slow
 def test_a_registered_loader_joins_the_loader_tests_unedited():
-    command = [sys.executable, "-m", "pytest", "-p", "tests.throwaway_loader", "-q"]
+    # One process (-n 0): what it collects and runs is read from its output.
+    command = [sys.executable, "-m", "pytest", "-n", "0", "-p", "tests.throwaway_loader", "-q"]
     collected = subprocess.run(
         [*command, "--collect-only", "tests/test_loaders.py", "tests/test_folder.py"],
         capture_output=True,

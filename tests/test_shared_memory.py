@@ -209,6 +209,7 @@ def errors(output: str) -> dict[str, str]:
     return {re.search(r"loader=(\w+)", line).group(1): line for line in lines}
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_in_48_mb_every_loader_is_refused_in_one_line_or_runs(tmp_path, cache, isolated_env):
     output, status = in_small_shm("48m", sweep(tmp_path, cache), isolated_env, timeout=400)

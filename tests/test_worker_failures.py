@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -56,6 +58,7 @@ def _every_loader(sweep: Path, env: dict, *overrides: str, **run) -> tuple[str, 
     return result.stdout + result.stderr, result.returncode, jobs
 
 
+@pytest.mark.ray
 def test_long_epochs_fit_a_small_open_file_limit(tmp_path, cache, isolated_env):
     # 600 batches of one image with 2 workers, under a limit of 256 open files: a loop that
     # kept every batch's tensors from the workers (one descriptor each) ran out after about 200.
@@ -76,6 +79,7 @@ def test_long_epochs_fit_a_small_open_file_limit(tmp_path, cache, isolated_env):
     assert status == 0, output[-3000:]
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("mode", ["kill", "files"])
 def test_broken_workers_end_the_epoch_with_one_line(cache, mode):
     # A hang would run into the timeout; each loader must instead end with its own line.
@@ -153,15 +157,17 @@ def _ended(process: psutil.Process) -> bool:
         return True
 
 
-def test_a_failed_run_leaves_no_temporary_folders(tmp_path, isolated_env):
+def test_a_failed_run_leaves_no_temporary_folders(tmp_path, isolated_env, request):
     """A run that fails on a bad image leaves none of its workers' socket folders in /tmp:
     every loader in turn, in one sweep (a failed job does not stop the next)."""
     from tests.conftest import write_tree
 
     root = write_tree(tmp_path / "data", {f"{i:06d}.jpg": 1 + i % 3 for i in range(1, 9)}, {0: 30})
     (root / "DigiFace1M" / "0" / "17.png").write_text("not a PNG")
-    temporary = tmp_path / "tmp"
-    temporary.mkdir()
+    # A short path: a socket's path in it must fit AF_UNIX's 108 bytes, and pytest's own temporary
+    # folders run long (one per pytest-xdist worker, then one per test).
+    temporary = Path(tempfile.mkdtemp(prefix="fb-"))
+    request.addfinalizer(lambda: shutil.rmtree(temporary, ignore_errors=True))
     output, status, jobs = _every_loader(
         tmp_path / "multirun",
         {**isolated_env, "TMPDIR": str(temporary)},
