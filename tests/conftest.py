@@ -249,8 +249,9 @@ def pytest_runtest_makereport(item, call):
     report.sections = [(title, printable(text)) for title, text in report.sections]
     if report.longrepr is not None:
         text = str(report.longrepr)
-        if printable(text) != text:  # a failure's message that names such a file
-            report.longrepr = printable(text)
+        shown = printable(text)
+        if shown is not text:  # a failure's message that names such a file
+            report.longrepr = shown
     return report
 
 

@@ -157,6 +157,7 @@ def _ended(process: psutil.Process) -> bool:
         return True
 
 
+@pytest.mark.ray  # every loader, raydata's local instance among them
 def test_a_failed_run_leaves_no_temporary_folders(tmp_path, isolated_env, request):
     """A run that fails on a bad image leaves none of its workers' socket folders in /tmp:
     every loader in turn, in one sweep (a failed job does not stop the next)."""
