@@ -182,11 +182,11 @@ def _ray_only_for_its_cases(request: pytest.FixtureRequest) -> Iterator[None]:
     # would run beside each other and count each other's processes, failing at random.
     node = request.node
     loadgroup = getattr(request.config.option, "loadgroup", False)  # set in xdist's workers
-    grouped = loadgroup and node.get_closest_marker("xdist_group")
-    if grouped and not node.nodeid.endswith("@ray"):
+    group = _group_of(node) if loadgroup else None
+    if group and not node.nodeid.endswith(f"@{group}"):
         pytest.fail(
-            "pytest-xdist did not put this test in the Ray group (pytest-xdist#1386, under "
-            "pytest 9.2): install the test tools pyproject.toml pins (pip install -e "
+            f"pytest-xdist did not put this test in the {group} group (pytest-xdist#1386, "
+            "under pytest 9.2): install the test tools pyproject.toml pins (pip install -e "
             "'.[dev]'), or run one test at a time (-n 0)"
         )
     if _loader_of(request.node) == "raydata":
@@ -216,14 +216,46 @@ def _alone_when_asked(request: pytest.FixtureRequest, _turns: Path | None) -> It
     """A readers-writer lock across the suite's worker processes. Every test holds `tests`
     shared while it runs; one marked `alone` (it measures time or CPU, so another test beside
     it on these few cores would move its numbers) holds it exclusive. `gate` keeps a waiting
-    `alone` test from being starved: while one waits, no other test starts."""
+    `alone` test from being starved: while one waits, no other test starts.
+
+    The `alone` tests form one pytest-xdist group, and the exclusive locks pass from one to
+    the next in it: the other worker's test in progress is waited for once, not once a test
+    (up to 40 s each)."""
     if _turns is None:
         yield
         return
-    alone = request.node.get_closest_marker("alone") is not None
-    kind = fcntl.LOCK_EX if alone else fcntl.LOCK_SH
-    with _locked(_turns / "gate", kind, hold=alone), _locked(_turns / "tests", kind):
+    if request.node.get_closest_marker("alone") is None:
+        with (
+            _locked(_turns / "gate", fcntl.LOCK_SH, hold=False),
+            _locked(_turns / "tests", fcntl.LOCK_SH),
+        ):
+            yield
+        return
+    if _held_alone.stack is None:
+        _held_alone.stack = contextlib.ExitStack()
+        _held_alone.stack.enter_context(_locked(_turns / "gate", fcntl.LOCK_EX))
+        _held_alone.stack.enter_context(_locked(_turns / "tests", fcntl.LOCK_EX))
+    try:
         yield
+    finally:
+        following = getattr(request.node, "_next_item", None)
+        if following is None or following.get_closest_marker("alone") is None:
+            _held_alone.stack.close()
+            _held_alone.stack = None
+
+
+class _held_alone:  # noqa: N801 (a namespace)
+    """This worker's exclusive locks, while a run of `alone` tests holds them."""
+
+    stack: contextlib.ExitStack | None = None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test knows the one after it in this process (pytest-xdist sends a group whole, so
+    within one it is certain): `_alone_when_asked` keeps its locks across a run of them."""
+    item._next_item = nextitem
+    return (yield)
 
 
 @contextlib.contextmanager
@@ -262,7 +294,8 @@ def pytest_collection_modifyitems(config, items):
     marked every_loader); the full suite runs it for all. Every test that starts Ray (a
     loader=raydata case, or one marked `ray`) is in one pytest-xdist group, run one after
     another in one worker process: a test that counts Ray's processes then sees its own only.
-    Within it a loader=raydata case runs last: its first one connects the process to Ray."""
+    Within it a loader=raydata case runs last: its first one connects the process to Ray. The
+    tests marked `alone` form a group too, so that they run back to back."""
     import torch
 
     skip = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA device")
@@ -272,9 +305,22 @@ def pytest_collection_modifyitems(config, items):
         loader = _loader_of(item)
         if loader in LOADERS and loader not in FAST_LOADERS and "every_loader" not in item.keywords:
             item.add_marker(pytest.mark.slow)
-        if loader == "raydata" or item.get_closest_marker("ray") is not None:
+        if loader == "raydata" or _sweeps(item) == ["raydata"] or item.get_closest_marker("ray"):
             item.add_marker(pytest.mark.xdist_group("ray"))
+        elif item.get_closest_marker("alone") is not None:
+            item.add_marker(pytest.mark.xdist_group("alone"))
     items.sort(key=lambda item: _loader_of(item) == "raydata")  # stable: otherwise in order
+
+
+def _group_of(item) -> str | None:
+    marker = item.get_closest_marker("xdist_group")
+    return marker and (marker.args[0] if marker.args else marker.kwargs.get("name"))
+
+
+def _sweeps(item) -> list[str] | None:
+    """The loaders of a case of a test split by tests.helpers.in_two_sweeps."""
+    params = getattr(item, "callspec", None)
+    return params and params.params.get("loaders")
 
 
 def _loader_of(item) -> str | None:

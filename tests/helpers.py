@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import psutil
+import pytest
 import torch
 
 from facebench import loaders
@@ -39,6 +40,16 @@ TOLERANCE = 4 / 255 / 0.225  # four grey levels, in normalized units
 # kind, worker processes over image files (the article's), threads over pre-decoded shards, and
 # a streaming pipeline over tar shards. The full suite runs every loader.
 FAST_LOADERS = ["dataset", "raw", "webdataset"]
+
+
+def in_two_sweeps(names: list[str] = LOADERS) -> pytest.MarkDecorator:
+    """A test over `names` in one train.py sweep, parametrized as two: loader=raydata's apart,
+    in the Ray group (tests/conftest.py), the others' beside that group rather than in it."""
+    others = [name for name in names if name != "raydata"]
+    cases = [pytest.param(others, id="others")]
+    if "raydata" in names:
+        cases.append(pytest.param(["raydata"], id="raydata"))
+    return pytest.mark.parametrize("loaders", cases)
 
 
 def context(cfg, root: Path, device: str = "cpu", world: World | None = None) -> LoaderContext:

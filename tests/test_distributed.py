@@ -11,7 +11,7 @@ import pytest
 
 from facebench.distributed import whole_job
 from facebench.paths import PROJECT_ROOT
-from tests.helpers import LOADERS
+from tests.helpers import in_two_sweeps
 
 pytestmark = pytest.mark.slow
 
@@ -19,8 +19,8 @@ pytestmark = pytest.mark.slow
 N_IMAGES, BATCH = 24, 4  # three batches a rank: enough to split, few enough to train fast
 
 
-@pytest.mark.ray
-def test_every_loader_splits_the_epoch_across_two_ranks(tmp_path, cache, isolated_env):
+@in_two_sweeps()
+def test_every_loader_splits_the_epoch_across_two_ranks(tmp_path, cache, isolated_env, loaders):
     sweep = tmp_path / "multirun"
     result = subprocess.run(
         [
@@ -31,7 +31,7 @@ def test_every_loader_splits_the_epoch_across_two_ranks(tmp_path, cache, isolate
             "--nproc_per_node=2",
             str(PROJECT_ROOT / "train.py"),
             "-m",
-            f"loader={','.join(LOADERS)}",
+            f"loader={','.join(loaders)}",
             f"data.cache_dir={cache}",
             f"data.n_images={N_IMAGES}",
             "shards_dir=${data.cache_dir}/ddp",
@@ -51,7 +51,7 @@ def test_every_loader_splits_the_epoch_across_two_ranks(tmp_path, cache, isolate
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     results = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/results.json"))]
-    assert sorted(r["params"]["loader"] for r in results) == sorted(LOADERS)
+    assert sorted(r["params"]["loader"] for r in results) == sorted(loaders)
     for run in results:
         metrics, loader = run["metrics"], run["params"]["loader"]
         assert run["status"] == "FINISHED", loader
@@ -66,7 +66,7 @@ def test_every_loader_splits_the_epoch_across_two_ranks(tmp_path, cache, isolate
     # Rank 0 alone records: one MLflow run per job, with the whole job's metrics.
     mlflow.set_tracking_uri(isolated_env["MLFLOW_TRACKING_URI"])
     runs = mlflow.search_runs(experiment_names=["facebench"], output_format="list")
-    assert sorted(r.data.params["loader"] for r in runs) == sorted(LOADERS)
+    assert sorted(r.data.params["loader"] for r in runs) == sorted(loaders)
     for run in runs:
         assert run.info.status == "FINISHED" and run.data.params["world_size"] == "2"
         assert run.data.metrics["world_size"] == 2

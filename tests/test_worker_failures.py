@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from facebench.paths import PROJECT_ROOT
-from tests.helpers import LOADERS, THREADED, workers_up
+from tests.helpers import LOADERS, THREADED, in_two_sweeps, workers_up
 
 pytestmark = pytest.mark.slow
 
@@ -29,15 +29,17 @@ def _open_files(limit: int):
     return apply
 
 
-def _every_loader(sweep: Path, env: dict, *overrides: str, **run) -> tuple[str, int, dict]:
-    """One train.py sweep over every loader, n_workers=2 and no model or tracking: its output,
+def _sweep(
+    loaders: list[str], sweep: Path, env: dict, *overrides: str, **run
+) -> tuple[str, int, dict]:
+    """One train.py sweep over `loaders`, n_workers=2 and no model or tracking: its output,
     exit status and each job's results.json by loader."""
     result = subprocess.run(
         [
             sys.executable,
             str(PROJECT_ROOT / "train.py"),
             "-m",
-            f"loader={','.join(LOADERS)}",
+            f"loader={','.join(loaders)}",
             "n_workers=2",
             "model=none",
             "device=cpu",
@@ -58,11 +60,12 @@ def _every_loader(sweep: Path, env: dict, *overrides: str, **run) -> tuple[str, 
     return result.stdout + result.stderr, result.returncode, jobs
 
 
-@pytest.mark.ray
-def test_long_epochs_fit_a_small_open_file_limit(tmp_path, cache, isolated_env):
+@in_two_sweeps()
+def test_long_epochs_fit_a_small_open_file_limit(tmp_path, cache, isolated_env, loaders):
     # 600 batches of one image with 2 workers, under a limit of 256 open files: a loop that
     # kept every batch's tensors from the workers (one descriptor each) ran out after about 200.
-    output, status, results = _every_loader(
+    output, status, results = _sweep(
+        loaders,
         tmp_path / "multirun",
         isolated_env,
         f"data.cache_dir={cache}",
@@ -72,19 +75,19 @@ def test_long_epochs_fit_a_small_open_file_limit(tmp_path, cache, isolated_env):
         "batch_size=1",
         preexec_fn=_open_files(256),
     )
-    assert sorted(results) == sorted(LOADERS), output[-3000:]
+    assert sorted(results) == sorted(loaders), output[-3000:]
     for loader, run in results.items():
         assert run["status"] == "FINISHED", (loader, output[-3000:])
         assert run["metrics"]["batches"] >= 600 - 2, loader  # one partial batch per worker
     assert status == 0, output[-3000:]
 
 
-@pytest.mark.ray
+@in_two_sweeps()
 @pytest.mark.parametrize("mode", ["kill", "files"])
-def test_broken_workers_end_the_epoch_with_one_line(cache, mode):
+def test_broken_workers_end_the_epoch_with_one_line(cache, mode, loaders):
     # A hang would run into the timeout; each loader must instead end with its own line.
     result = subprocess.run(
-        [sys.executable, str(BREAK), mode, str(cache), *LOADERS],
+        [sys.executable, str(BREAK), mode, str(cache), *loaders],
         capture_output=True,
         text=True,
         timeout=300,
@@ -96,8 +99,10 @@ def test_broken_workers_end_the_epoch_with_one_line(cache, mode):
     # descriptor passed between processes. dali still opens each image file as it reads it, so
     # a lowered limit stops it too; raw opened its shards before the first batch; raydata's
     # files are opened by Ray's worker processes, each under a limit of its own.
-    spared = THREADED if mode == "kill" else ["raw", "raydata"]
-    broken = [loader for loader in LOADERS if loader not in spared]
+    spared = [
+        name for name in loaders if name in (THREADED if mode == "kill" else ["raw", "raydata"])
+    ]
+    broken = [loader for loader in loaders if loader not in spared]
     assert named == [f"loader={loader}" for loader in broken], output
     assert all(f"{loader}: no error" in result.stdout for loader in spared)
     for line in lines:
@@ -157,8 +162,8 @@ def _ended(process: psutil.Process) -> bool:
         return True
 
 
-@pytest.mark.ray  # every loader, raydata's local instance among them
-def test_a_failed_run_leaves_no_temporary_folders(tmp_path, isolated_env, request):
+@in_two_sweeps()
+def test_a_failed_run_leaves_no_temporary_folders(tmp_path, isolated_env, request, loaders):
     """A run that fails on a bad image leaves none of its workers' socket folders in /tmp:
     every loader in turn, in one sweep (a failed job does not stop the next)."""
     from tests.conftest import write_tree
@@ -169,7 +174,8 @@ def test_a_failed_run_leaves_no_temporary_folders(tmp_path, isolated_env, reques
     # folders run long (one per pytest-xdist worker, then one per test).
     temporary = Path(tempfile.mkdtemp(prefix="fb-"))
     request.addfinalizer(lambda: shutil.rmtree(temporary, ignore_errors=True))
-    output, status, jobs = _every_loader(
+    output, status, jobs = _sweep(
+        loaders,
         tmp_path / "multirun",
         {**isolated_env, "TMPDIR": str(temporary)},
         "data=celeba_digiface",
@@ -180,7 +186,7 @@ def test_a_failed_run_leaves_no_temporary_folders(tmp_path, isolated_env, reques
     )
     assert status == 1, output[-3000:]
     assert {loader: job["status"] for loader, job in jobs.items()} == dict.fromkeys(
-        LOADERS, "FAILED"
+        loaders, "FAILED"
     ), output[-3000:]
     for loader, job in jobs.items():
         assert "17.png" in job["log"] and "cannot decode this image" in job["log"], loader
