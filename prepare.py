@@ -9,7 +9,7 @@ Running it again with unchanged data and settings does nothing; changes rebuild.
 import hydra
 from omegaconf import DictConfig
 
-from facebench.entry import configure, run_job
+from facebench.run.entry import configure, run_job
 from facebench.shards.prepare import run_prepare
 
 configure()

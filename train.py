@@ -13,8 +13,8 @@ import math
 import hydra
 from omegaconf import DictConfig
 
-from facebench.entry import configure, run_job
-from facebench.runner import run_training
+from facebench.run.entry import configure, run_job
+from facebench.run.runner import run_training
 
 configure()
 

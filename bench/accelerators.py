@@ -21,8 +21,9 @@ from typing import Any
 
 from common import Bench, parser, sweep_train
 
-from facebench import hosts_fed, loaders
-from facebench.tables import markdown
+from facebench import loaders
+from facebench.report import hosts_fed
+from facebench.report.tables import markdown
 
 LOADERS = loaders.names(real_only=True)  # the registry's, never written out
 

@@ -27,7 +27,7 @@ from common import Bench, generated_root, parser, run_python, run_train
 from PIL import Image
 from torchvision import transforms
 
-from facebench.tables import markdown
+from facebench.report.tables import markdown
 
 FACEBENCH = {
     "loader=dataset": [],

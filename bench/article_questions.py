@@ -25,8 +25,8 @@ import tempfile
 from common import STAGE_HEADER, Bench, parser, run_train, stage_cells
 from slow_storage import SlowStorage
 
-from facebench.paths import cache_dir
-from facebench.tables import markdown
+from facebench.host.paths import cache_dir
+from facebench.report.tables import markdown
 
 PIPELINES = ("dataset", "datapipe", "pickle", "raw")
 

@@ -5,8 +5,8 @@ A script builds its arguments on `parser` (which adds the ones every script take
 runs train.py with `run_train` or `sweep_train` (other scripts of the checkout with
 `run_python`), builds each section with `Bench.section` (title, then the header: date, machine,
 command line, load) and hands it to `Bench.publish`, which prints it and writes it into
-docs/benchmarks.md unless --no-write. Tables: facebench.tables.markdown, as facebench renders its
-own.
+docs/benchmarks.md unless --no-write. Tables: facebench.report.tables.markdown, as facebench
+renders its own.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ import psutil
 import torch
 
 from facebench.data.synthetic import synthetic_root
-from facebench.device import cpu_model
-from facebench.paths import PROJECT_ROOT, cache_dir
+from facebench.host.device import cpu_model
+from facebench.host.paths import PROJECT_ROOT, cache_dir
+from facebench.report.sweep_summary import sweep_results
 from facebench.stages import WORKER_STAGES
-from facebench.sweep_summary import sweep_results
 
 BENCHMARKS_MD = PROJECT_ROOT / "docs" / "benchmarks.md"
 

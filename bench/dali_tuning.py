@@ -18,8 +18,8 @@ import tempfile
 
 from common import Bench, parser, run_train
 
-from facebench.resources import usable_cores
-from facebench.tables import markdown
+from facebench.host.resources import usable_cores
+from facebench.report.tables import markdown
 
 
 def main(argv: list[str] | None = None) -> None:

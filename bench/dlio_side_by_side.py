@@ -30,7 +30,7 @@ from pathlib import Path
 
 from common import Bench, parser, run_train
 
-from facebench.tables import markdown
+from facebench.report.tables import markdown
 
 
 def start(argv: list[str] | None) -> Bench:

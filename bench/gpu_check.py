@@ -32,8 +32,8 @@ from typing import Any
 
 from common import BENCHMARKS_MD, Bench, parser, run_python, steady_cell, sweep_train
 
-from facebench.paths import PROJECT_ROOT
-from facebench.tables import markdown
+from facebench.host.paths import PROJECT_ROOT
+from facebench.report.tables import markdown
 
 # Each mode's name and the (model, host_only) its jobs ran with.
 MODES = {
@@ -189,7 +189,7 @@ def host_cpu_line(
     """The host CPU a training step costs (the ceiling's loop_cpu_cores: its process's CPU time
     over the epoch's), under CUDA's default scheduling (the sweep's ceiling) and once more with
     blocking sync (CUDA's wait then sleeps): an emulated accelerator's host_cpu."""
-    from facebench.device import CUDA_SCHEDULE_ENV
+    from facebench.host.device import CUDA_SCHEDULE_ENV
 
     blocking = sweep_train(
         scratch / "ceiling-blocking-sync",

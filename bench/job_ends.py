@@ -25,7 +25,7 @@ import mlflow
 from common import Bench, parser, run_python
 
 from facebench.loaders.ray_one_machine import ray_processes
-from facebench.tables import markdown
+from facebench.report.tables import markdown
 
 DEFAULT = [
     "loader=raydata",

@@ -40,11 +40,11 @@ from facebench.data.fast_decode import decode_resized, resized
 from facebench.data.images import open_sample, read_file
 from facebench.data.sources import CELEBA, DIGIFACE
 from facebench.data.transforms import ARTICLE, article_transform
-from facebench.paths import shards_root
-from facebench.resources import usable_cores
+from facebench.host.paths import shards_root
+from facebench.host.resources import usable_cores
+from facebench.report.tables import markdown
 from facebench.shards import raw_format
 from facebench.shards.manifest import Manifest
-from facebench.tables import markdown
 
 PIL_TRANSFORM, PIL_RESIZE = "PIL, article transform", "PIL, resize"
 TORCHVISION, FAST = "torchvision.io, resize", "fast, resize"

@@ -25,8 +25,8 @@ from facebench.data.images import decode_sample, open_sample
 from facebench.data.sources import read_records
 from facebench.data.synthetic import ensure_synthetic
 from facebench.data.transforms import RESIZE
-from facebench.paths import cache_dir
-from facebench.tables import markdown
+from facebench.host.paths import cache_dir
+from facebench.report.tables import markdown
 
 
 def encoded_item(sample: tuple[int, str, str, int]) -> dict:

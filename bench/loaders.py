@@ -22,8 +22,8 @@ from common import STAGE_HEADER, Bench, parser, run_train, stage_cells, steady_c
 
 from facebench import loaders
 from facebench.loaders.spec import Handover
+from facebench.report.tables import markdown
 from facebench.stages import MAIN_STAGES
-from facebench.tables import markdown
 
 LOADERS = loaders.names(real_only=True)  # the registry's, never written out
 HEADER = [
@@ -69,7 +69,7 @@ class Run:
 def crop_normalize_limit(batch_size: int, seconds: float = 3.0) -> float:
     """Images/s at which this machine crops and normalizes uint8 batches already in memory.
 
-    The same code as a CPU device's runs (facebench.finish: threads ahead of the loop, one per
+    The same code as a CPU device's runs (facebench.run.finish: threads ahead of the loop, one per
     core), on one batch handed over again and again. Whatever a loader does before, a CPU device
     still needs this step, so no loader that hands over uint8 batches can beat it there.
     """
@@ -79,9 +79,9 @@ def crop_normalize_limit(batch_size: int, seconds: float = 3.0) -> float:
     import torch
 
     from facebench.data.batch_transforms import crop_offsets
-    from facebench.finish import finished_ahead_on_cpu
+    from facebench.host.resources import usable_cores
     from facebench.loaders.shared import Batch
-    from facebench.resources import usable_cores
+    from facebench.run.finish import finished_ahead_on_cpu
 
     rng = np.random.default_rng(0)
     images = torch.randint(0, 256, (batch_size, 112, 112, 3), dtype=torch.uint8)

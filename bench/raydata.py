@@ -31,7 +31,7 @@ from pathlib import Path
 from common import Bench, parser, run_train, sweep_train
 
 from facebench.loaders.ray_one_machine import one_machine_cluster
-from facebench.tables import markdown
+from facebench.report.tables import markdown
 
 # (row name, overrides): equal CPUs, each loader's decoder named.
 CPU_ROWS = [

@@ -23,8 +23,8 @@ from common import Bench, parser, run_train
 
 from facebench import stages
 from facebench.loaders.shared import Batch
-from facebench.tables import markdown
-from facebench.timeline import LoopTimeline
+from facebench.measure.timeline import LoopTimeline
+from facebench.report.tables import markdown
 
 OFF = ["sample_hz=0", "tracking=false", "stage_times=false"]
 SETTINGS = {

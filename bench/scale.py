@@ -30,9 +30,9 @@ from common import Bench, parser, run_python, run_train, steady_cell
 
 from facebench import loaders
 from facebench.data.synthetic import synthetic_root
-from facebench.paths import cache_dir
+from facebench.host.paths import cache_dir
+from facebench.report.tables import markdown
 from facebench.shards import formats
-from facebench.tables import markdown
 
 LOADERS = loaders.names(real_only=True)  # the registry's, never written out
 FORMATS = formats.names()

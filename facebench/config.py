@@ -60,7 +60,7 @@ class Decoder(StrEnum):
 
 
 class Sync(StrEnum):
-    """When an emulated accelerator's step is waited for (facebench/accelerator.py)."""
+    """When an emulated accelerator's step is waited for (facebench/run/accelerator.py)."""
 
     every_step = "every_step"  # the loop waits for each step (the article's reads the loss)
     none = "none"  # the loop goes on while the step computes, a launch queue ahead

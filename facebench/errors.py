@@ -63,7 +63,7 @@ class Interrupted(KeyboardInterrupt):
     @classmethod
     def of(cls, stop: KeyboardInterrupt, outcome: str) -> Interrupted:
         """From the KeyboardInterrupt that stopped the job: Ctrl-C's carries nothing; the one
-        facebench raises on SIGTERM (facebench.entry) carries the signal's name."""
+        facebench raises on SIGTERM (facebench.run.entry) carries the signal's name."""
         if isinstance(stop, Interrupted):
             return stop
         name = stop.args[0] if stop.args and isinstance(stop.args[0], str) else "SIGINT"

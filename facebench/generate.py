@@ -18,7 +18,7 @@ import sys
 from facebench.config import DataConfig, DataLayout
 from facebench.data.synthetic import ensure_synthetic
 from facebench.errors import FacebenchError
-from facebench.paths import cache_dir
+from facebench.host.paths import cache_dir
 
 DEFAULT_IMAGES = 6000  # conf/data/synthetic.yaml's data.n_images
 

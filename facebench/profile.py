@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from facebench.errors import FacebenchError
-from facebench.paths import PROJECT_ROOT
+from facebench.host.paths import PROJECT_ROOT
 from facebench.results import RESULTS, JobResults
 
 log = logging.getLogger("facebench.profile")
@@ -39,10 +39,10 @@ def profile_text(name: str, results: JobResults) -> str:
     if not rate:
         raise FacebenchError(f"run {results.run_name} measured no rate; run it again")
     if "steady_images_per_s" not in metrics:
-        # A profile asks for the device's steady pace; a short run has none (meter.py), and
+        # A profile asks for the device's steady pace; a short run has none (measure/meter.py), and
         # its whole epoch, start-up included, understates the device. (meter imports torch:
         # only here, where it is needed.)
-        from facebench.meter import batches_for_steady
+        from facebench.measure.meter import batches_for_steady
 
         in_flight = int(params.get("n_workers", 0)) * int(params.get("loader.prefetch_factor", 2))
         log.info(

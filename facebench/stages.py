@@ -24,7 +24,7 @@ stage that works for several batches at once (a pickle shard's read) lands in th
 follows it. Summed over every batch the loop received, the stages' CPU time is the part of the
 workers' CPU time spent in stages (the rest: start-up, the loader's own bookkeeping).
 
-Main side, in the loop's thread (facebench/epoch.py), from the start of the epoch to its end:
+Main side, in the loop's thread (facebench/run/epoch.py), from the start of the epoch to its end:
 
     wait       blocked on the loader (including building it and starting its workers)
     handover   receiving a batch: this thread's CPU time inside the loader's `next` (unpickling,

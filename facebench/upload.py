@@ -25,12 +25,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from facebench import mlflow_views as views
-from facebench import run_owner
 from facebench.errors import FacebenchError
 from facebench.results import RESULTS, TRACKING_LOGGED, JobResults, now_ms
-from facebench.tracking import failure_reason, param_values, rounded
-from facebench.tracking_store import (
+from facebench.tracking import mlflow_views as views
+from facebench.tracking import run_owner
+from facebench.tracking.store import (
     ALL_RUNS_VIEW,
     EXPERIMENT,
     bounded_http_retries,
@@ -41,6 +40,7 @@ from facebench.tracking_store import (
     ui_address,
     ui_command,
 )
+from facebench.tracking.tracker import failure_reason, param_values, rounded
 
 log = logging.getLogger("facebench.upload")
 

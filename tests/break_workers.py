@@ -24,10 +24,10 @@ from facebench import loaders
 from facebench.config import typed
 from facebench.data.listing import list_usable
 from facebench.data.location import data_root
-from facebench.entry import configure, install_process_handlers, user_message
-from facebench.epoch import EpochSettings, run_epoch
 from facebench.errors import FacebenchError
-from facebench.paths import PROJECT_ROOT
+from facebench.host.paths import PROJECT_ROOT
+from facebench.run.entry import configure, install_process_handlers, user_message
+from facebench.run.epoch import EpochSettings, run_epoch
 
 
 def _no_room(root: str) -> int:

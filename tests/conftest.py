@@ -21,9 +21,9 @@ from PIL import Image
 
 from facebench.config import typed
 from facebench.data.synthetic import ensure_synthetic
-from facebench.entry import configure
-from facebench.paths import PROJECT_ROOT
-from facebench.printable import printable
+from facebench.host.paths import PROJECT_ROOT
+from facebench.host.printable import printable
+from facebench.run.entry import configure
 from tests.helpers import FAST_LOADERS, LOADERS
 
 CONF_DIR = str(PROJECT_ROOT / "conf")
@@ -275,7 +275,7 @@ def _locked(path: Path, kind: int, hold: bool = True) -> Iterator[None]:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     """Captured output made printable, as facebench's own log handlers make it
-    (facebench/printable.py): pytest's capture handler logs a file name's odd bytes as
+    (facebench/host/printable.py): pytest's capture handler logs a file name's odd bytes as
     surrogates, which a report cannot carry from a pytest-xdist worker."""
     report = yield
     report.sections = [(title, printable(text)) for title, text in report.sections]

@@ -11,8 +11,8 @@ import os
 import runpy
 import sys
 
-from facebench import shared_memory
-from facebench.paths import PROJECT_ROOT
+from facebench.host import shared_memory
+from facebench.host.paths import PROJECT_ROOT
 
 FILLER = shared_memory.SHM / "facebench-test-filler"
 _check = shared_memory.check

@@ -19,11 +19,11 @@ from facebench.data.listing import list_usable
 from facebench.data.location import data_layout
 from facebench.data.sources import FACES, Layout, read_records
 from facebench.data.transforms import ARTICLE, Geometry, article_transform
-from facebench.distributed import World
-from facebench.finish import Finisher
+from facebench.host.distributed import World
+from facebench.host.paths import cache_dir
 from facebench.loaders.shared import Batch, LoaderContext
 from facebench.loaders.spec import Handover, LoaderSpec, Pixels
-from facebench.paths import cache_dir
+from facebench.run.finish import Finisher
 
 Samples = dict[int, tuple[torch.Tensor, int]]
 # Every loader that reads real samples (all but the compute ceiling), and its traits with its

@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import replace
 
-from facebench.paths import PROJECT_ROOT
+from facebench.host.paths import PROJECT_ROOT
 from facebench.shards import formats, litdata_format
 
 

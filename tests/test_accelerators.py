@@ -14,12 +14,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from facebench import hosts_fed
-from facebench.accelerator import Accelerator, EmulatedSteps
 from facebench.config import AcceleratorConfig
 from facebench.errors import ConfigError
-from facebench.paths import PROJECT_ROOT
-from facebench.runner import run_training
+from facebench.host.paths import PROJECT_ROOT
+from facebench.report import hosts_fed
+from facebench.run.accelerator import Accelerator, EmulatedSteps
+from facebench.run.runner import run_training
 
 
 def test_published_rates_are_scaled_to_the_runs_crop_by_pixel_count():

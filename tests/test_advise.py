@@ -9,7 +9,7 @@ import pytest
 
 from facebench.advise import Advice, Measured, advise, shortfall, worker_counts
 from facebench.errors import ConfigError
-from facebench.paths import PROJECT_ROOT
+from facebench.host.paths import PROJECT_ROOT
 
 
 def _advice(*measured: Measured, ceiling: float = 1000.0) -> Advice:
@@ -193,7 +193,7 @@ class _Steps:
 def _ceiling(make_cfg, monkeypatch, trainer: _Steps, seconds: float):
     from facebench.advise import ceiling
     from facebench.data.job_data import list_data
-    from facebench.job import Job
+    from facebench.run.job import Job
 
     monkeypatch.setattr(Job, "trainer", lambda *args: trainer)
     monkeypatch.setattr(ceiling, "clock", trainer.clock)

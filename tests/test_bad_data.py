@@ -13,11 +13,11 @@ import psutil
 import pytest
 from PIL import Image
 
-from facebench import resources
 from facebench.errors import ConfigError, DataError, FacebenchError
-from facebench.exactly_once import check_exactly_once
-from facebench.paths import PROJECT_ROOT
-from facebench.runner import run_training
+from facebench.host import resources
+from facebench.host.paths import PROJECT_ROOT
+from facebench.measure.exactly_once import check_exactly_once
+from facebench.run.runner import run_training
 from tests.helpers import LOADERS
 
 

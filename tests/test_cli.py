@@ -15,8 +15,8 @@ from hydra.types import RunMode
 from omegaconf.errors import ValidationError
 
 from facebench.errors import ConfigError
-from facebench.mlflow_views import read_view
-from facebench.paths import PROJECT_ROOT
+from facebench.host.paths import PROJECT_ROOT
+from facebench.tracking.mlflow_views import read_view
 
 
 def train(tmp_path: Path, cache: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
@@ -150,7 +150,7 @@ def test_bad_value_fails_with_one_clear_line(tmp_path, cache, isolated_env):
     ],
 )
 def test_an_unknown_choice_names_the_real_ones_and_the_closest(args, says):
-    from facebench.entry import unknown_choice
+    from facebench.run.entry import unknown_choice
 
     said = unknown_choice(args)
     assert said is not None and says in said
@@ -168,7 +168,7 @@ def test_an_unknown_choice_names_the_real_ones_and_the_closest(args, says):
     ],
 )
 def test_real_choices_pass(args):
-    from facebench.entry import unknown_choice
+    from facebench.run.entry import unknown_choice
 
     assert unknown_choice(args) is None
 
@@ -304,7 +304,14 @@ def test_the_article_comparison_on_a_real_layout_tree(tmp_path, cache, isolated_
 
     # The report turns this sweep into the article's table, a chart, and a report run.
     report = subprocess.run(
-        [sys.executable, "-m", "facebench.report", "--with-article", "--out", str(tmp_path / "r")],
+        [
+            sys.executable,
+            "-m",
+            "facebench.report.build",
+            "--with-article",
+            "--out",
+            str(tmp_path / "r"),
+        ],
         cwd=tmp_path,
         env=isolated_env,
         capture_output=True,
@@ -339,7 +346,7 @@ def test_the_article_comparison_on_a_real_layout_tree(tmp_path, cache, isolated_
     ],
 )
 def test_old_spellings_still_run_with_a_note(arg, now, noted, capsys):
-    from facebench.entry import spelled_now
+    from facebench.run.entry import spelled_now
 
     assert spelled_now(arg) == now
     note = capsys.readouterr().err

@@ -17,11 +17,12 @@ import mlflow
 import psutil
 import pytest
 
-from facebench import cgroups, resources, run_owner
 from facebench.errors import ConfigError
+from facebench.host import cgroups, resources
+from facebench.host.paths import PROJECT_ROOT
+from facebench.host.resources import Allowance
 from facebench.loaders import failures
-from facebench.paths import PROJECT_ROOT
-from facebench.resources import Allowance
+from facebench.tracking import run_owner
 
 GIB = 2**30
 V1_MOUNTS = """\
@@ -581,7 +582,7 @@ def test_advise_counts_workers_within_a_cpu_quota(tmp_path):
     folder = new_cgroup("cpu")
     ask = (
         "from facebench.advise.measure import worker_counts; "
-        "from facebench.resources import allowance; "
+        "from facebench.host.resources import allowance; "
         "print(worker_counts([]), allowance().cores_limit)"
     )
     try:
@@ -597,7 +598,7 @@ def test_advise_counts_workers_within_a_cpu_quota(tmp_path):
 
 
 def test_the_report_names_the_machines_and_their_container_limits():
-    from facebench.report_markdown import render_machines
+    from facebench.report.markdown import render_machines
 
     host = {"cpu": "Xeon", "cpu_cores": "64", "gpu": "none"}
     boxed = {

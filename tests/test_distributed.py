@@ -9,8 +9,8 @@ import sys
 import mlflow
 import pytest
 
-from facebench.distributed import whole_job
-from facebench.paths import PROJECT_ROOT
+from facebench.host.distributed import whole_job
+from facebench.host.paths import PROJECT_ROOT
 from tests.helpers import in_two_sweeps
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from facebench.paths import PROJECT_ROOT
+from facebench.host.paths import PROJECT_ROOT
 
 DOCS = [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]
 # [text](target) outside code; targets with a scheme (http:, mailto:) are not checked.

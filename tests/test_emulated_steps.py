@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from facebench import hosts_fed
-from facebench.accelerator import Accelerator, EmulatedSteps, spin
 from facebench.config import Sync
-from facebench.runner import run_training
+from facebench.report import hosts_fed
+from facebench.run.accelerator import Accelerator, EmulatedSteps, spin
+from facebench.run.runner import run_training
 
 
 class _Clock:

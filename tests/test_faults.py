@@ -22,8 +22,8 @@ import pytest
 from facebench import loaders
 from facebench.data.sources import read_records
 from facebench.errors import FacebenchError, ShardError
+from facebench.host.paths import PROJECT_ROOT
 from facebench.loaders.shardsets import trusted_manifest
-from facebench.paths import PROJECT_ROOT
 from facebench.shards import room
 from facebench.shards.build import ensure_shards
 from facebench.shards.manifest import Manifest
@@ -187,7 +187,7 @@ def _read_only_folder(folder: Path) -> bool:
 def test_a_store_that_cannot_be_written_is_reported_within_seconds(tmp_path, monkeypatch, where):
     # MLflow retried such a store for about two minutes before it said anything.
     from facebench.errors import TrackingError
-    from facebench.tracking import Tracker
+    from facebench.tracking.tracker import Tracker
 
     folder = Path("/proc") if where == "/proc" else tmp_path / "store"
     if where == "read-only" and not _read_only_folder(folder):

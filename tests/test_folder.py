@@ -14,7 +14,7 @@ from facebench.data.sources import Layout, read_records
 from facebench.data.synthetic import ensure_synthetic
 from facebench.data.transforms import Geometry
 from facebench.errors import ConfigError, DataError
-from facebench.runner import run_training
+from facebench.run.runner import run_training
 from facebench.shards.manifest import Manifest
 from tests.helpers import (
     CLOSE,

@@ -48,7 +48,7 @@ def test_device_paths_deliver_the_same_samples(make_cfg, synthetic_root, name, o
 
 
 def test_training_step_runs_fp16_with_grad_scaler(make_cfg):
-    from facebench.runner import run_training
+    from facebench.run.runner import run_training
 
     metrics = run_training(make_cfg("device=cuda", "model=resnet18", "amp=fp16", "n_workers=2"))
     assert metrics["samples_seen"] == 120
@@ -62,7 +62,7 @@ def test_training_step_runs_fp16_with_grad_scaler(make_cfg):
 
 @pytest.mark.parametrize("loader", ["raw", "webdataset", "nodes", "dataset", "dali", "litdata"])
 def test_host_only_stops_before_the_device(make_cfg, loader):
-    from facebench.runner import run_training
+    from facebench.run.runner import run_training
 
     metrics = run_training(
         make_cfg(f"loader={loader}", "device=cuda", "host_only=true", "n_workers=2")

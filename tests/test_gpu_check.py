@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from facebench.paths import PROJECT_ROOT
+from facebench.host.paths import PROJECT_ROOT
 from tests.helpers import FAST_LOADERS
 
 pytestmark = pytest.mark.slow

@@ -1,5 +1,6 @@
-"""The house has no circles: facebench's modules import each other one way, and the config layer
-stands on nothing of facebench's but its errors.
+"""The house has no circles: facebench's modules import each other one way, each room (a folder,
+or a loose module) imports only the rooms below it, and the config layer stands on nothing of
+facebench's but its errors.
 
 The graph is read from the code with `ast`: every import, at the top of a module or deferred
 inside a function (a deferred import closes a circle as surely as any other), and the package
@@ -11,13 +12,32 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from facebench.paths import PROJECT_ROOT
+from facebench.host.paths import PROJECT_ROOT
 
 PACKAGE = "facebench"
 # The config layer: what every other layer reads its settings from.
 CONFIG_LAYER = {"facebench.config", "facebench.config_checks"}
 # What the config layer may import: the errors every layer raises (a module with no imports).
 CONFIG_MAY_IMPORT = {"facebench.errors"}
+# The rooms, bottom first, in the order one run's data flows through them: a room imports only
+# rooms of the layers below its own (rooms that share a layer import neither of each other).
+LAYERS = [
+    {"errors"},
+    {"config_checks"},
+    {"config"},
+    {"stages", "results"},  # what loaders record per image; a job's record on disk
+    {"host"},
+    {"data"},
+    {"shards"},
+    {"loaders"},
+    {"measure"},
+    {"tracking"},
+    {"run"},
+    {"report"},
+    {"advise"},
+    {"generate", "profile", "upload"},  # commands: python -m facebench.<name>
+]
+MOST_LOOSE = 10  # loose modules beside the folders, __init__ aside
 
 
 def modules(package_dir: Path) -> dict[str, Path]:
@@ -110,6 +130,74 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 def described(graph: dict[str, set[str]], group: list[str]) -> str:
     arrows = [f"{a} -> {b}" for a in group for b in sorted(graph[a]) if b in group]
     return f"circle of {len(group)}: " + "; ".join(arrows)
+
+
+def layer_of(module: str, layers: list[set[str]] = LAYERS) -> int:
+    """The layer of a module's room (facebench.host.paths: host's); a room not in `layers` is an
+    error that names it, so that a new folder is placed on purpose."""
+    room = module.split(".")[1]
+    for index, rooms in enumerate(layers):
+        if room in rooms:
+            return index
+    raise AssertionError(f"{module}: room {room!r} is in no layer of tests/test_imports.py LAYERS")
+
+
+def upward(graph: dict[str, set[str]], layers: list[set[str]] = LAYERS) -> list[str]:
+    """Each import of a room at or above the importer's layer, other than its own room's."""
+    found = []
+    for module in sorted(name for name in graph if "." in name):
+        layer_of(module, layers)  # every room placed, imports or not
+        for target in sorted(graph[module]):
+            if "." not in target or target.split(".")[1] == module.split(".")[1]:
+                continue
+            if layer_of(target, layers) >= layer_of(module, layers):
+                found.append(f"{module} -> {target}: {target.split('.')[1]} is not below it")
+    return found
+
+
+def test_each_room_imports_only_the_rooms_below_it():
+    found = upward(import_graph(PROJECT_ROOT / PACKAGE))
+    assert not found, "\n".join(found)
+
+
+def test_facebench_holds_a_few_loose_modules_beside_its_rooms():
+    loose = sorted(
+        path.stem for path in (PROJECT_ROOT / PACKAGE).glob("*.py") if path.stem != "__init__"
+    )
+    assert len(loose) <= MOST_LOOSE, f"{len(loose)} loose modules in facebench/: {loose}"
+    rooms = [path for path in (PROJECT_ROOT / PACKAGE).iterdir() if (path / "__init__.py").exists()]
+    for room in rooms:  # each says what it holds and may import
+        doc = ast.get_docstring(ast.parse((room / "__init__.py").read_text(encoding="utf-8")))
+        assert doc and "May import" in doc, f"{room}/__init__.py: say what it holds, may import"
+
+
+def test_an_import_that_runs_up_is_found_and_named_even_deferred(tmp_path):
+    package = tmp_path / PACKAGE
+    for room in ("host", "loaders", "run"):
+        (package / room).mkdir(parents=True)
+        (package / room / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "config.py").write_text("")
+    (package / "host" / "paths.py").write_text("import facebench.config\n")  # down: fine
+    (package / "run" / "epoch.py").write_text("from facebench.loaders.plan import plan\n")
+    (package / "loaders" / "plan.py").write_text(
+        "def plan():\n    from facebench.run.epoch import EPOCH  # deferred, and up\n"
+    )
+    layers = [{"config"}, {"host"}, {"loaders"}, {"run"}]
+    graph = import_graph(package)
+    assert upward(graph, layers) == [
+        "facebench.loaders.plan -> facebench.run: run is not below it",
+        "facebench.loaders.plan -> facebench.run.epoch: run is not below it",
+    ]
+    (package / "loaders" / "plan.py").write_text("def plan(): ...\n")
+    assert upward(import_graph(package), layers) == []
+    (package / "report.py").write_text("")
+    try:
+        upward(import_graph(package), layers)
+    except AssertionError as error:
+        assert "room 'report' is in no layer" in str(error)
+    else:
+        raise AssertionError("a room in no layer was let through")
 
 
 def test_facebench_has_no_import_circles():

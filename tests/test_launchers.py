@@ -9,7 +9,7 @@ import mlflow
 import pytest
 from hydra import compose, initialize_config_dir
 
-from facebench.paths import PROJECT_ROOT
+from facebench.host.paths import PROJECT_ROOT
 from tests.conftest import CONF_DIR
 
 

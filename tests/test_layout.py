@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from facebench.paths import PROJECT_ROOT
+from facebench.host.paths import PROJECT_ROOT
 
 MAX_FUNCTION_LINES = 60
 CHECKED = ("facebench", "bench")  # the package, and the benchmark scripts beside it

@@ -9,7 +9,7 @@ from facebench import loaders
 from facebench.config import LoaderConfig
 from facebench.errors import ConfigError
 from facebench.loaders.spec import LoaderSpec, Traits
-from facebench.runner import run_training
+from facebench.run.runner import run_training
 from tests.helpers import (
     CLOSE,
     LOADERS,

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from facebench.epoch import EpochSettings, run_epoch
+from facebench.host.pagecache import evict, resident_fraction, warm
 from facebench.loaders.shared import Batch
-from facebench.measurement import summarise
-from facebench.meter import DeviceBusy, EpochMeter, EpochTimes
-from facebench.order import batch_label_diversity, expected_distinct_labels, order_corr
-from facebench.pagecache import evict, resident_fraction, warm
-from facebench.runner import run_training
+from facebench.measure.meter import DeviceBusy, EpochMeter, EpochTimes
+from facebench.measure.order import batch_label_diversity, expected_distinct_labels, order_corr
+from facebench.run.epoch import EpochSettings, run_epoch
+from facebench.run.measurement import summarise
+from facebench.run.runner import run_training
 
 CPU = EpochSettings(torch.device("cpu"), sample_hz=0)
 
@@ -108,8 +108,8 @@ def test_the_default_run_has_no_steady_rate_and_its_log_line_does_not_mention_on
     # python train.py: 10 batches of 600, 5 workers x prefetch 2 = all 10 made at the start.
     import logging
 
-    from facebench.measurement import _log_epoch
-    from facebench.meter import batches_for_steady
+    from facebench.measure.meter import batches_for_steady
+    from facebench.run.measurement import _log_epoch
 
     default = _timed([1.5] + [0.0001] * 9, step_s=0.01, in_flight=10)
     assert not default.steady_measured

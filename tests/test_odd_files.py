@@ -14,10 +14,10 @@ import pytest
 from PIL import Image
 
 from facebench.data.fast_decode import encoded_size
-from facebench.entry import user_message
 from facebench.errors import DataError, FacebenchError
-from facebench.paths import PROJECT_ROOT
-from facebench.runner import run_training
+from facebench.host.paths import PROJECT_ROOT
+from facebench.run.entry import user_message
+from facebench.run.runner import run_training
 from facebench.shards.prepare import run_prepare
 from tests.helpers import LOADERS
 

@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-from facebench import device
-from facebench.device import resolve_precision
+from facebench.host import device
+from facebench.host.device import resolve_precision
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 
@@ -65,6 +65,6 @@ def test_off_is_fp32_everywhere(cpu_with_bf16):
 def test_a_cpu_limited_to_avx2_has_no_native_bf16():
     # oneDNN told to use AVX2 at most behaves as an AVX2-only CPU does.
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
-    code = "from facebench.device import native_bf16; print(native_bf16())"
+    code = "from facebench.host.device import native_bf16; print(native_bf16())"
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert result.stdout.strip() == "False", result.stderr[-2000:]

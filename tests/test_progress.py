@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 import time
 
-from facebench import progress as progress_module
-from facebench.progress import ProgressLog, progress
-from facebench.runner import run_training
+from facebench.host import progress as progress_module
+from facebench.host.progress import ProgressLog, progress
+from facebench.run.runner import run_training
 
 
 class FakeClock:

@@ -18,10 +18,10 @@ import psutil
 import pytest
 
 from facebench.errors import LoaderFailure
+from facebench.host.paths import PROJECT_ROOT
 from facebench.loaders import ray_cluster, ray_one_machine
+from facebench.loaders.ray_measure import stage_rows, stage_times
 from facebench.loaders.ray_one_machine import ray_processes
-from facebench.loaders.raydata import stage_rows, stage_times
-from facebench.paths import PROJECT_ROOT
 from facebench.stages import StageTimes
 from tests.helpers import free_port
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from facebench.paths import PROJECT_ROOT
+from facebench.host.paths import PROJECT_ROOT
 
 
 @pytest.mark.slow
@@ -52,7 +52,7 @@ def test_a_registered_loader_joins_the_loader_tests_unedited():
 def test_a_runs_name_names_a_decoder_other_than_its_loaders_default(make_cfg, overrides, name):
     # Two runs that differ only in their decoder must not share a name; each loader's default
     # comes from its options schema in the registry.
-    from facebench.job import run_name
+    from facebench.run.job import run_name
 
     cfg = make_cfg(*overrides)
     precision = "fp32" if cfg.model != "none" else ""

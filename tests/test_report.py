@@ -12,9 +12,9 @@ from omegaconf import OmegaConf
 from facebench.advise.answer import Advice
 from facebench.advise.chart import chart as advice_chart
 from facebench.advise.measure import Measured
-from facebench.report_chart import chart as report_chart
-from facebench.report_markdown import render
-from facebench.report_table import Cell, title
+from facebench.report.chart import chart as report_chart
+from facebench.report.markdown import render
+from facebench.report.sweep_table import Cell, title
 
 matplotlib.use("Agg")
 
@@ -84,7 +84,7 @@ def test_advice_chart_is_linear_and_names_the_models_pace(tmp_path, monkeypatch)
 
 
 def test_a_sweep_ends_with_its_runs_in_job_order_and_counts_jobs_without_results(tmp_path, caplog):
-    from facebench.sweep_summary import SweepSummary
+    from facebench.report.sweep_summary import SweepSummary
 
     def job(number: int, name: str, rate: float | None, status: str) -> None:
         folder = tmp_path / str(number)
@@ -130,7 +130,7 @@ def test_a_sweep_ends_with_its_runs_in_job_order_and_counts_jobs_without_results
 
 
 def test_a_sweep_with_runs_not_in_mlflow_says_how_to_put_them_there(tmp_path, caplog):
-    from facebench.sweep_summary import SweepSummary
+    from facebench.report.sweep_summary import SweepSummary
 
     for number, tracking in enumerate(["mlflow", "lost", "off"]):
         (tmp_path / str(number)).mkdir()
@@ -158,7 +158,7 @@ def test_a_sweep_with_runs_not_in_mlflow_says_how_to_put_them_there(tmp_path, ca
 def test_a_sweep_of_emulated_accelerators_shows_the_rate_au_follows(tmp_path, caplog):
     # 8 h100s at AU 25%: 9,291.6 images/s over the whole epoch (start-up included) is not the
     # rate AU is a share of; 0.25 x 8 x 8,960 = 17,920 images/s in the time AU counts is.
-    from facebench.sweep_summary import SweepSummary
+    from facebench.report.sweep_summary import SweepSummary
 
     for number, (count, au, rate) in enumerate([(1, 0.954, 7_000.1), (8, 0.25, 9_291.6)]):
         (tmp_path / str(number)).mkdir()

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from facebench.data.sources import read_records
-from facebench.entry import user_message
 from facebench.errors import ShardError
 from facebench.loaders import pickle as pickle_loader
-from facebench.runner import run_training
+from facebench.run.entry import user_message
+from facebench.run.runner import run_training
 from facebench.shards import pickle_format
 from facebench.shards.build import ensure_shards
 from facebench.shards.manifest import MANIFEST, Manifest, read_verified

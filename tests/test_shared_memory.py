@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from facebench import loaders, shared_memory
+from facebench import loaders
 from facebench.config import Workers
 from facebench.errors import ConfigError
-from facebench.finish import AHEAD, batches_held
+from facebench.host import shared_memory
+from facebench.host.paths import PROJECT_ROOT
+from facebench.host.shared_memory import MIB, InFlight, Space
 from facebench.loaders.spec import Handover
-from facebench.paths import PROJECT_ROOT
-from facebench.shared_memory import MIB, InFlight, Space
+from facebench.run.finish import AHEAD, batches_held
 from tests.helpers import LOADERS, TRAITS, in_two_sweeps
 
 FILL = Path(__file__).with_name("fill_shm.py")

@@ -10,9 +10,9 @@ import pytest
 
 from facebench import loaders, stages
 from facebench.loaders.shared import Batch
-from facebench.runner import run_training
+from facebench.measure.timeline import LoopTimeline
+from facebench.run.runner import run_training
 from facebench.stages import MAIN_STAGES, WORKER_STAGES, StageTimes, StageTotals
-from facebench.timeline import LoopTimeline
 from tests.helpers import LOADERS
 
 
@@ -270,9 +270,9 @@ def test_stages_add_up_to_the_workers_cpu_time_and_the_epoch(make_cfg, name):
 
 
 def test_the_report_shows_each_loaders_stages_with_the_costliest_in_bold(tmp_path):
-    from facebench.report_chart import chart
-    from facebench.report_markdown import render
-    from facebench.report_table import Cell
+    from facebench.report.chart import chart
+    from facebench.report.markdown import render
+    from facebench.report.sweep_table import Cell
 
     decoding = {"read": 40.0, "decode": 600.0, "transform": 350.0, "collate": 70.0}
     table = {

@@ -18,12 +18,12 @@ import mlflow
 import pytest
 from mlflow import MlflowClient
 
-from facebench import run_owner
 from facebench.errors import TrackingLost
-from facebench.paths import PROJECT_ROOT
+from facebench.host.paths import PROJECT_ROOT
 from facebench.results import TRACKING_LOST, JobResults
-from facebench.runner import run_training
-from facebench.tracking import failure_reason, rounded
+from facebench.run.runner import run_training
+from facebench.tracking import run_owner
+from facebench.tracking.tracker import failure_reason, rounded
 from facebench.upload import UPLOADED_TAG, upload_all
 from tests.helpers import free_port, workers_up
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from facebench.entry import user_message
 from facebench.errors import ShardError
-from facebench.runner import run_training
+from facebench.run.entry import user_message
+from facebench.run.runner import run_training
 from facebench.shards import pickle_format
 from facebench.shards.manifest import Manifest
 from facebench.shards.pickle_format import UnsafeShard

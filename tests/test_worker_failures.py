@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from facebench.paths import PROJECT_ROOT
+from facebench.host.paths import PROJECT_ROOT
 from tests.helpers import LOADERS, THREADED, in_two_sweeps, workers_up
 
 pytestmark = pytest.mark.slow

@@ -22,6 +22,8 @@ hydra.run.dir=... to choose). Then:
 
 The table and a chart are printed and written to the run's folder, and logged as one run of the
 `facebench-reports` experiment (tracking=false to skip).
+
+May import: every room below it (run, report and theirs).
 """
 
 from __future__ import annotations

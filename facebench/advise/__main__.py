@@ -5,8 +5,8 @@ import hydra
 from omegaconf import DictConfig
 
 from facebench.advise.run import run_advise
-from facebench.entry import configure, run_job
-from facebench.paths import PROJECT_ROOT
+from facebench.host.paths import PROJECT_ROOT
+from facebench.run.entry import configure, run_job
 
 configure()
 

@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 
 from facebench import stages
 from facebench.advise.measure import HEADROOM, SHM_NOTE, Measured, shortfall
-from facebench.printable import printable
-from facebench.resources import usable_cores
+from facebench.host.printable import printable
+from facebench.host.resources import usable_cores
+from facebench.report.tables import markdown
 from facebench.shards import room
-from facebench.tables import markdown
 
 LOADER_MIN_S = 10.0  # what one loader needs at least: shards for a sample, a few short runs
 

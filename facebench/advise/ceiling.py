@@ -20,15 +20,15 @@ import time
 from dataclasses import dataclass, replace
 
 from facebench import loaders
-from facebench.accelerator import Accelerator
 from facebench.advise.measure import with_loader
 from facebench.config import AdviseConfig
 from facebench.data.job_data import JobData
-from facebench.device import synchronize
-from facebench.job import Job
+from facebench.host.device import synchronize
 from facebench.loaders import ceiling
 from facebench.loaders.shared import LoaderContext
-from facebench.training import Trainer
+from facebench.run.accelerator import Accelerator
+from facebench.run.job import Job
+from facebench.run.training import Trainer
 
 PROBE_BATCH = 8  # images per step while timing one step
 WARMUP_STEPS = 2  # of every batch size, left out: allocation, kernel choice

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from facebench.advise.answer import Advice
-from facebench.report_chart import loader_colour
+from facebench.report.chart import loader_colour
 
 
 def chart(advice: Advice, path: Path) -> None:

@@ -8,12 +8,13 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 
-from facebench import loaders, shared_memory, stages
+from facebench import loaders, stages
 from facebench.config import AdviseConfig, TrainConfig
 from facebench.data.job_data import JobData
-from facebench.epoch import EpochSettings, run_epoch
-from facebench.job import Job
-from facebench.resources import usable_cores
+from facebench.host import shared_memory
+from facebench.host.resources import usable_cores
+from facebench.run.epoch import EpochSettings, run_epoch
+from facebench.run.job import Job
 from facebench.shards.manifest import Manifest
 
 SHM_NOTE = "shared memory too small"  # how a skip for /dev/shm starts, in the table

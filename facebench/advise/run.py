@@ -18,11 +18,11 @@ from facebench.data.job_data import JobData, list_data
 from facebench.data.location import data_layout
 from facebench.data.subset import subset_tree
 from facebench.errors import ConfigError, FacebenchError
-from facebench.job import Job
-from facebench.paths import PROJECT_ROOT, cache_dir
-from facebench.resources import allowance
-from facebench.tracking import Tracker
-from facebench.tracking_store import REPORTS_EXPERIMENT
+from facebench.host.paths import PROJECT_ROOT, cache_dir
+from facebench.host.resources import allowance
+from facebench.run.job import Job
+from facebench.tracking.store import REPORTS_EXPERIMENT
+from facebench.tracking.tracker import Tracker
 
 log = logging.getLogger("facebench.advise")
 

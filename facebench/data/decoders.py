@@ -6,7 +6,7 @@ and `transform` (that image -> the sample), and says what its samples are.
                  Normalize): normalized float samples, pixel for pixel the article's
     torchvision  torchvision.io for grey and colour JPEGs, PIL for the rest (fast_decode.py);
                  resized to transform.resize on a uint8 tensor: the device crops and
-                 normalizes whole batches (facebench.finish)
+                 normalizes whole batches (facebench.run.finish)
     fast         libspng for 8-bit PNGs, libjpeg-turbo called directly for grey and colour
                  JPEGs, PIL for the rest, counted (fast_codecs.py): PIL's decoded pixels exactly;
                  resized and finished as torchvision's. Needs pip install -e '.[fast]'
@@ -28,7 +28,7 @@ from facebench.config import Decoder as DecoderName
 from facebench.data import fast_decode
 from facebench.data.images import decode_sample
 from facebench.data.transforms import Geometry
-from facebench.extras import Requirement
+from facebench.host.extras import Requirement
 
 # What decoder=fast imports (fast_codecs.py), and the extra that installs it.
 FAST_NEEDS = (Requirement("pyspng", "fast"), Requirement("simplejpeg", "fast"))
@@ -49,7 +49,7 @@ class Decoder:
     # The decoded image -> the sample.
     transform: Callable[[Any], torch.Tensor]
     # Whether its samples are normalized floats, the crop made, or uint8 images of
-    # transform.resize that the device finishes (facebench.finish).
+    # transform.resize that the device finishes (facebench.run.finish).
     normalized: bool
 
 

@@ -20,7 +20,7 @@ from PIL import Image, UnidentifiedImageError
 from facebench.config import DataConfig
 from facebench.data.sources import CELEBA
 from facebench.errors import DataError
-from facebench.printable import printable
+from facebench.host.printable import printable
 
 # CelebA's aligned faces are framed more loosely than DigiFace1M's: this 128x128 box
 # (left, top, right, bottom) brings them to a similar crop, as the article did.

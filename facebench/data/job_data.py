@@ -9,9 +9,9 @@ from facebench.config import TrainConfig
 from facebench.data.images import set_max_pixels
 from facebench.data.listing import Listing, list_usable
 from facebench.data.location import data_layout, data_root
-from facebench.distributed import World, barrier
 from facebench.errors import ConfigError
-from facebench.paths import cache_dir
+from facebench.host.distributed import World, barrier
+from facebench.host.paths import cache_dir
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from facebench.atomic import write_atomic
 from facebench.config import OnBadSample, choice
 from facebench.data.images import BadImage, open_sample
 from facebench.data.sources import FACES, LabelSpace, Layout, Record, read_records
 from facebench.errors import DataError, FacebenchError
-from facebench.parallel import map_in_processes
-from facebench.progress import progress
+from facebench.host.atomic import write_atomic
+from facebench.host.parallel import map_in_processes
+from facebench.host.progress import progress
 
 log = logging.getLogger(__name__)
 

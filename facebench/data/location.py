@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 from facebench.data.sources import Layout
 from facebench.data.synthetic import ensure_synthetic
 from facebench.errors import DataError
-from facebench.paths import cache_dir
+from facebench.host.paths import cache_dir
 
 
 def data_root(data: DictConfig, n_procs: int = 0) -> Path:

@@ -21,9 +21,9 @@ import numpy as np
 from facebench.data.sources import CELEBA, CELEBA_IMAGES, CELEBA_LABELS, DIGIFACE
 from facebench.data.synthetic_images import celeba_like_jpeg, digiface_like_png, folder_image
 from facebench.errors import DataError
-from facebench.parallel import map_in_processes
-from facebench.progress import progress
-from facebench.resources import usable_cores
+from facebench.host.parallel import map_in_processes
+from facebench.host.progress import progress
+from facebench.host.resources import usable_cores
 
 log = logging.getLogger(__name__)
 

@@ -5,6 +5,8 @@ schema, `build(ctx)` (one epoch's batches, called inside the clock), `worker_mem
 traits, and what it needs before the clock (the shard format it reads, or its own preparation).
 Adding a loader is one module here and one YAML file in conf/loader/ whose defaults list names
 `<module>_schema`; a loader kept elsewhere (a plugin, a test's) is added with `register`.
+
+May import: shards, data, host, stages, results, config, errors.
 """
 
 from __future__ import annotations
@@ -15,20 +17,20 @@ import importlib
 import torch
 from hydra.core.config_store import ConfigStore
 
-from facebench import shared_memory
 from facebench.config import LoaderConfig, TrainConfig, Workers
 from facebench.data import decoders
 from facebench.data.listing import Listing
 from facebench.data.location import data_layout
 from facebench.data.transforms import Geometry, article_transform
-from facebench.distributed import World, barrier
 from facebench.errors import ConfigError
+from facebench.host import shared_memory
+from facebench.host.distributed import World, barrier
+from facebench.host.paths import PROJECT_ROOT, cache_dir, shards_root
+from facebench.host.resources import check_workers
+from facebench.host.shared_memory import InFlight
 from facebench.loaders.failures import count_oom_kills_from_now
 from facebench.loaders.shared import LoaderContext
 from facebench.loaders.spec import Handover, LoaderSpec
-from facebench.paths import PROJECT_ROOT, cache_dir, shards_root
-from facebench.resources import check_workers
-from facebench.shared_memory import InFlight
 
 CONFIGS = PROJECT_ROOT / "conf" / "loader"
 _registered: dict[str, LoaderSpec] = {}

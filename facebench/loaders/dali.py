@@ -5,7 +5,7 @@
       -> the crop box: CelebA's, or the whole image (fn.peek_image_shape, in the graph)
       -> fn.slice (the crop box, black where a small image ends)
       -> fn.resize(112x112), for crops of any other size
-      -> uint8 batches and crop offsets for facebench.finish, as raw, webdataset and nodes
+      -> uint8 batches and crop offsets for facebench.run.finish, as raw, webdataset and nodes
 
 On CUDA the decoding runs on the GPU (`device="mixed"`: nvJPEG, with its CPU part in DALI's
 threads) and batches arrive already on it; on a CPU, DALI's CPU backend (`device_id=None`)
@@ -35,11 +35,11 @@ from facebench.data.fast_decode import encoded_size, jpeg_components
 from facebench.data.images import CELEBA_BOX, check_size, decode_sample
 from facebench.data.sources import CELEBA, Record
 from facebench.errors import FacebenchError
-from facebench.extras import Requirement
+from facebench.host.extras import Requirement
+from facebench.host.resources import batch_bytes
 from facebench.loaders.plan import EpochPlan
 from facebench.loaders.shared import Batch, LoaderContext, uint8_batch
 from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits
-from facebench.resources import batch_bytes
 
 log = logging.getLogger(__name__)
 

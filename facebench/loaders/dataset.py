@@ -7,7 +7,7 @@ shuffle is the epoch plan's order (facebench/loaders/plan.py), a full permutatio
 
 `loader.decoder=pil` (the default) is the article's own path: PIL and its per-sample transform.
 `loader.decoder=fast` (or `torchvision`) decodes with the faster libraries and hands over uint8
-samples that the device crops and normalizes per batch (facebench.finish).
+samples that the device crops and normalizes per batch (facebench.run.finish).
 """
 
 from __future__ import annotations

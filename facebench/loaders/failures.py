@@ -18,8 +18,8 @@ from typing import Any
 
 from torch.utils.data._utils import signal_handling
 
-from facebench import cgroups, shared_memory
 from facebench.errors import LoaderFailure
+from facebench.host import cgroups, shared_memory
 
 _KILLED = re.compile(r"DataLoader worker \(pid (\d+)\) is killed by signal: (.+?)\.")
 _EXITED = re.compile(r"DataLoader worker \(pid\(?s?\)? ([\d, ]+)\) exited unexpectedly")

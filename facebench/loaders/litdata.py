@@ -2,7 +2,7 @@
 StreamingDataset and StreamingDataLoader.
 
     StreamingDataset(shards, shuffle=True, seed=this epoch's) -> StreamingDataLoader(batch_size,
-    n_workers, drop_last) -> uint8 batches and crop offsets for facebench.finish
+    n_workers, drop_last) -> uint8 batches and crop offsets for facebench.run.finish
 
 LitData deals chunks to ranks and workers and shuffles them, and the samples within them, anew
 each epoch (its seed is the epoch's). Its items are decoded 112x112 samples (see
@@ -23,7 +23,7 @@ import torch
 from facebench import stages
 from facebench.config import LoaderConfig, Workers
 from facebench.errors import ShardError
-from facebench.extras import Requirement
+from facebench.host.extras import Requirement
 from facebench.loaders import shared
 from facebench.loaders.plan import EpochPlan
 from facebench.loaders.shardsets import open_shard_set

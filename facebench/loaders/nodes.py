@@ -8,7 +8,7 @@ Batches of sample indices are formed first and each worker loads a whole batch, 
 per batch crosses between processes, as with DataLoader workers; mapping single samples would send
 one per image. Workers are processes by default (`loader.method=thread` for threads: PIL and
 torchvision.io release the GIL while decoding). decoder=torchvision decodes with torchvision.io
-into uint8 batches, which the device crops and normalizes whole (facebench.finish); decoder=pil
+into uint8 batches, which the device crops and normalizes whole (facebench.run.finish); decoder=pil
 runs the article's PIL transform per sample.
 """
 

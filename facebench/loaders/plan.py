@@ -22,7 +22,7 @@ import torch
 
 from facebench.data.batch_transforms import crop_offsets
 from facebench.data.transforms import ARTICLE, Geometry
-from facebench.distributed import World
+from facebench.host.distributed import World
 
 
 def epoch_seed(seed: int, epoch: int) -> int:

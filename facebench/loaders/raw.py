@@ -4,7 +4,7 @@ prepare.py (format=raw) stores each sample once, decoded and resized to 112x112 
 deterministic step), as fixed-size uint8 records in .npy shards. Each epoch draws one permutation
 of all samples (the epoch plan's, the same on every rank), cuts it into batches, and deals batch
 b to rank b % world_size: a full shuffle, no decoding, no pickle, nothing loaded whole. The batch
-leaves as uint8 with its crop offsets; the device crops and normalizes it (facebench.finish).
+leaves as uint8 with its crop offsets; the device crops and normalizes it (facebench.run.finish).
 
 Where the gathering runs was measured (20,000 samples, batch 600, warm, 2 cores): reading each
 sample's 37,632 bytes with pread into the batch runs at 120,000-130,000 images/s in one thread,
@@ -35,10 +35,10 @@ import torch
 from facebench import stages
 from facebench.config import LoaderConfig, Workers
 from facebench.errors import ShardError
+from facebench.host.resources import batch_bytes
 from facebench.loaders.shardsets import OpenShardSet, open_shard_set
 from facebench.loaders.shared import Batch, LoaderContext, stamped
 from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits
-from facebench.resources import batch_bytes
 from facebench.shards import raw_format
 from facebench.shards.manifest import read_index
 

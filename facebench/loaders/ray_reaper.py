@@ -1,6 +1,6 @@
 """A local Ray instance ends with its job, however the job ends.
 
-Ray's processes are not the job's forked children (facebench.parent_death cannot reach them):
+Ray's processes are not the job's forked children (facebench.host.parent_death cannot reach them):
 `ray.init()` starts its GCS and raylet with exec, the raylet starts the workers and two agents.
 When the job is killed outright (SIGKILL, the OOM killer), the GCS and the raylet go with it,
 the workers a moment later, but the dashboard and runtime-env agents linger for a minute, trying
@@ -28,7 +28,7 @@ import sys
 
 import psutil
 
-from facebench.paths import PROJECT_ROOT
+from facebench.host.paths import PROJECT_ROOT
 
 _NOTE_S = 0.5
 _RELEASE_TIMEOUT_S = 10.0

@@ -42,19 +42,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from facebench import stages
 from facebench.config import Decoder, LoaderConfig, Workers
 from facebench.data.records import Record
 from facebench.errors import FacebenchError, LoaderFailure
-from facebench.extras import Requirement
+from facebench.host.extras import Requirement
+from facebench.host.resources import batch_bytes
 from facebench.loaders.decoding import DecodeStage
 from facebench.loaders.ray_cluster import first_line, ray_cluster
+from facebench.loaders.ray_measure import ray_metrics, stage_rows, stage_times
 from facebench.loaders.shared import Batch, LoaderContext
 from facebench.loaders.spec import LoaderSpec, decoder_traits
-from facebench.resources import batch_bytes
-from facebench.stages import WORKER_STAGES, StageTimes
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +62,6 @@ log = logging.getLogger(__name__)
 # on the pinned versions: 455 MB unique to each (818 MB resident) once warmed.
 RAY_WORKER_BYTES = 460 * 2**20
 _MIN_OBJECT_STORE = 512 * 2**20
-_N = len(WORKER_STAGES)
-# A batch's stage times, as one row of int64: wall ns, CPU ns per stage, the producer's CPU
-# ns, its pid and thread, the PIL fallbacks.
-_STAGE_COLUMNS = 2 * _N + 4
 
 
 @dataclass
@@ -122,29 +117,6 @@ class LoadBatch:
         if batch.offsets is not None:
             columns["offsets"] = batch.offsets.numpy()
         return columns
-
-
-def stage_rows(times: StageTimes | None, n: int) -> np.ndarray:
-    """A batch's stage times as an (n, columns) int64 array: the first row holds them (a column
-    needs a value per row)."""
-    rows = np.zeros((n, _STAGE_COLUMNS), dtype=np.int64)
-    if times is not None and n:
-        rows[0] = [*times.ns, *times.stage_cpu_ns, times.cpu_ns, *times.producer, times.fallbacks]
-    return rows
-
-
-def stage_times(rows: torch.Tensor) -> StageTimes | None:
-    """The stage times `stage_rows` put in the batch's first row; None where none were taken."""
-    first = rows[0].tolist() if len(rows) else []
-    if not any(first):
-        return None
-    return StageTimes(
-        tuple(first[:_N]),
-        tuple(first[_N : 2 * _N]),
-        first[2 * _N],
-        (first[2 * _N + 1], first[2 * _N + 2]),
-        first[2 * _N + 3],
-    )
 
 
 class RayBatches:
@@ -204,7 +176,7 @@ class RayBatches:
             batch_size=self.batch_size,
             drop_last=True,
             prefetch_batches=self.options.prefetch_factor,
-            device="cpu",  # facebench.finish copies to the device, as for every loader
+            device="cpu",  # facebench.run.finish copies to the device, as for every loader
         )
         batches = iter(columns)
         try:
@@ -230,38 +202,6 @@ class RayBatches:
             log.warning("raydata: Ray's statistics of this epoch are not available (%s)", error)
             return {}
         return ray_metrics(summary)
-
-
-def ray_metrics(summary: Any) -> dict[str, float]:
-    """From Ray Data's DatasetStatsSummary: the decode operator's tasks, the nodes they ran on,
-    their CPU and wall time, and the loop's time blocked on Ray's iterator."""
-    metrics: dict[str, float] = {}
-    for op in summary.operators_stats:
-        if "LoadBatch" not in op.operator_name:
-            continue
-        if op.node_count is not None:
-            metrics["ray_tasks"] = float(op.node_count.sum)
-            metrics["ray_nodes_used"] = float(op.node_count.count)
-            metrics["ray_tasks_per_node_min"] = float(op.node_count.min)
-            metrics["ray_tasks_per_node_max"] = float(op.node_count.max)
-        if op.cpu_time is not None:
-            metrics["ray_task_cpu_s"] = float(op.cpu_time.sum)
-        if op.wall_time is not None:
-            metrics["ray_task_wall_s"] = float(op.wall_time.sum)
-    blocked = getattr(summary.iter_stats, "block_time", None)
-    if blocked is not None and getattr(blocked, "get", None):
-        metrics["ray_iter_blocked_s"] = float(blocked.get())
-    if "ray_tasks" in metrics:
-        log.info(
-            "raydata: Ray ran %d decode tasks on %d node(s) (%d-%d a node), %.1f s of CPU "
-            "(read, decode, transform and collate, and Ray's block building: not broken down)",
-            metrics["ray_tasks"],
-            metrics["ray_nodes_used"],
-            metrics["ray_tasks_per_node_min"],
-            metrics["ray_tasks_per_node_max"],
-            metrics.get("ray_task_cpu_s", 0.0),
-        )
-    return metrics
 
 
 @contextmanager

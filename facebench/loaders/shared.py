@@ -22,9 +22,9 @@ from facebench.config import LoaderConfig
 from facebench.data.listing import Listing
 from facebench.data.sources import FACES, LabelSpace, Layout, Record
 from facebench.data.transforms import ARTICLE, Geometry
-from facebench.distributed import World
+from facebench.host.distributed import World
+from facebench.host.resources import WORKER_OWN_BYTES, batch_bytes
 from facebench.loaders.plan import EpochPlan, epoch_seed
-from facebench.resources import WORKER_OWN_BYTES, batch_bytes
 from facebench.stages import StageTimes
 
 
@@ -32,9 +32,9 @@ class Batch(NamedTuple):
     """A batch as a loader hands it over: exactly what a GPU run copies to the device.
 
     images: normalized (n, 3, 100, 100) float32, or, when `offsets` is given, (n, 112, 112, 3)
-    uint8 that the device still crops (at `offsets`) and normalizes (facebench.finish): a quarter
-    of the bytes cross between processes and over the bus, and the arithmetic runs where it is
-    cheapest. ids: each sample's canonical position (data.sample_ids), None where there are
+    uint8 that the device still crops (at `offsets`) and normalizes (facebench.run.finish): a
+    quarter of the bytes cross between processes and over the bus, and the arithmetic runs where
+    it is cheapest. ids: each sample's canonical position (data.sample_ids), None where there are
     no real samples. jpegs: CelebA JPEGs left encoded for the GPU to decode, as (concatenated
     bytes, (2, k) lengths and slots in the batch). stages: where its producer's time went
     (facebench.stages), None where nothing was timed.

@@ -41,11 +41,11 @@ from typing import Any
 
 from facebench.config import Decoder, LoaderConfig, Workers
 from facebench.data.records import Record
-from facebench.extras import Requirement
+from facebench.host.extras import Requirement
+from facebench.host.resources import batch_bytes
 from facebench.loaders.decoding import DecodeStage
 from facebench.loaders.shared import Batch, LoaderContext
 from facebench.loaders.spec import LoaderSpec, decoder_traits
-from facebench.resources import batch_bytes
 
 
 @dataclass

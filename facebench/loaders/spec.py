@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from facebench.config import LoaderConfig, Workers
-from facebench.extras import Requirement
+from facebench.host.extras import Requirement
 from facebench.loaders.shardsets import ensure_loader_shards, shard_files
 from facebench.loaders.shared import Batch, LoaderContext
 

@@ -7,10 +7,10 @@ pickle loader does), each worker streams its tars sequentially, shuffles samples
 access to small ones is what it brings; the decoding cost stays.
 
 decoder=torchvision (the default) decodes with torchvision.io into uint8 batches, which the
-device crops and normalizes whole (facebench.finish); decoder=pil runs the article's per-sample PIL
-transform. device_decode=true (CUDA only) sends CelebA's JPEG bytes to the main process, to be
-decoded in batches on the GPU with nvJPEG; PNGs are decoded in the workers either way. On a CPU
-device it is ignored, with a warning.
+device crops and normalizes whole (facebench.run.finish); decoder=pil runs the article's
+per-sample PIL transform. device_decode=true (CUDA only) sends CelebA's JPEG bytes to the main
+process, to be decoded in batches on the GPU with nvJPEG; PNGs are decoded in the workers either
+way. On a CPU device it is ignored, with a warning.
 """
 
 from __future__ import annotations

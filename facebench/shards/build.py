@@ -19,7 +19,7 @@ from facebench.data.listing import Listing, list_usable, source_fingerprint
 from facebench.data.sources import FACES, Layout
 from facebench.data.transforms import ARTICLE
 from facebench.errors import ConfigError
-from facebench.paths import cache_dir
+from facebench.host.paths import cache_dir
 from facebench.shards import formats, owned, room
 from facebench.shards.freshness import resize_of, settings_for, up_to_date
 from facebench.shards.lock import building

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from facebench.data.records import Record
 from facebench.errors import ConfigError
-from facebench.extras import Requirement
+from facebench.host.extras import Requirement
 from facebench.shards.manifest import Manifest, ShardEntry
 
 Samples = list[tuple[int, Record]]  # (sample id, record), in the order the set stores them

@@ -41,7 +41,7 @@ from torchvision.transforms import functional
 from facebench.data.images import BadImage, bad_image, open_sample
 from facebench.data.sources import Record
 from facebench.errors import ShardError
-from facebench.extras import Requirement
+from facebench.host.extras import Requirement
 from facebench.shards.formats import ShardFormat
 from facebench.shards.manifest import Manifest, ShardEntry, read_verified
 

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from facebench.paths import check_writable
+from facebench.host.paths import check_writable
 
 log = logging.getLogger(__name__)
 

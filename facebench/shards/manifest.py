@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from facebench.atomic import write_atomic
 from facebench.errors import ShardError
+from facebench.host.atomic import write_atomic
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 2

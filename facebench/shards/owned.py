@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from facebench.atomic import STAGING_MARK, write_atomic
 from facebench.errors import ShardError
+from facebench.host.atomic import STAGING_MARK, write_atomic
 from facebench.shards.manifest import MANIFEST
 
 PLAN = ".plan.json"

@@ -9,7 +9,7 @@ from facebench.config import PrepareConfig
 from facebench.data.images import set_max_pixels
 from facebench.data.location import data_layout, data_root
 from facebench.errors import Interrupted, interruption
-from facebench.paths import cache_dir, shards_root
+from facebench.host.paths import cache_dir, shards_root
 from facebench.results import write_results
 from facebench.shards import formats
 from facebench.shards.build import ShardSet, ensure_shards

@@ -17,12 +17,12 @@ import os
 import shutil
 from pathlib import Path
 
-from facebench.atomic import write_atomic
 from facebench.data.records import Record
 from facebench.errors import ShardError
-from facebench.parallel import map_in_processes
-from facebench.progress import progress
-from facebench.resources import usable_cores
+from facebench.host.atomic import write_atomic
+from facebench.host.parallel import map_in_processes
+from facebench.host.progress import progress
+from facebench.host.resources import usable_cores
 from facebench.shards import formats, owned, room
 from facebench.shards.formats import ShardFormat
 from facebench.shards.manifest import MANIFEST, ShardEntry, encode_index, read_verified

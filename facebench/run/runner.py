@@ -14,18 +14,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from facebench import loaders, per_host, stages
+from facebench import loaders, stages
 from facebench.config import TrainConfig
 from facebench.data.job_data import JobData, list_data
 from facebench.errors import Interrupted, TrackingLost, interruption
-from facebench.finish import batches_held
-from facebench.job import Job
 from facebench.loaders.shared import LoaderContext
 from facebench.loaders.spec import LoaderSpec
-from facebench.measurement import measure, summarise
 from facebench.results import TRACKING_LOGGED, TRACKING_LOST, JobResults, now_ms
-from facebench.tracking import UPLOAD_COMMAND, Tracker
-from facebench.tracking_store import tracking_uri, ui_command
+from facebench.run import per_host
+from facebench.run.finish import batches_held
+from facebench.run.job import Job
+from facebench.run.measurement import measure, summarise
+from facebench.tracking.store import tracking_uri, ui_command
+from facebench.tracking.tracker import UPLOAD_COMMAND, Tracker
 
 log = logging.getLogger(__name__)
 

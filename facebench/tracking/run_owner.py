@@ -32,7 +32,7 @@ from typing import Any
 
 import psutil
 
-from facebench import cgroups
+from facebench.host import cgroups
 
 log = logging.getLogger(__name__)
 

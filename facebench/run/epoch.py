@@ -11,24 +11,23 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
 
 from facebench import stages
-from facebench.accelerator import Accelerator, EmulatedSteps
 from facebench.data.transforms import ARTICLE, Geometry
-from facebench.finish import Finisher, Ready, finished_ahead_on_cpu
+from facebench.host.progress import epoch_progress
+from facebench.host.resources import usable_cores
 from facebench.loaders.failures import WorkerDeaths, explain, quiet_sigchld, restore_sigchld
 from facebench.loaders.shared import Batch
-from facebench.meter import DeviceBusy, EpochMeter, EpochTimes
-from facebench.order import batch_label_diversity, order_corr
-from facebench.progress import epoch_progress
-from facebench.resources import usable_cores
-from facebench.timeline import LoopTimeline, loop_timeline
-from facebench.training import Trainer
-from facebench.usage import UsageMonitor
+from facebench.measure.meter import DeviceBusy, EpochMeter, EpochTimes
+from facebench.measure.timeline import loop_timeline
+from facebench.measure.usage import UsageMonitor
+from facebench.run.accelerator import Accelerator, EmulatedSteps
+from facebench.run.finish import Finisher, Ready, finished_ahead_on_cpu
+from facebench.run.per_batch import BatchUse, Seen
+from facebench.run.training import Trainer
 
 _MIN_BATCHES = 3  # a time-limited epoch still measures past its warm-up batch
 
@@ -43,7 +42,7 @@ class EpochResult:
     ids: np.ndarray | None = None  # every delivered sample id, in arrival order
     device_busy: dict[str, float] = field(default_factory=dict)
     stages: dict[str, float] = field(default_factory=dict)  # stage_* (facebench/stages.py)
-    emulated: dict[str, float] = field(default_factory=dict)  # au (facebench/accelerator.py)
+    emulated: dict[str, float] = field(default_factory=dict)  # au (facebench/run/accelerator.py)
     # What the loader's own library measured of the epoch (Ray Data's statistics: ray_*).
     library: dict[str, float] = field(default_factory=dict)
 
@@ -135,39 +134,6 @@ def run_epoch(
     raise failure
 
 
-@dataclass
-class _Seen:
-    """What the epoch delivered: copies of ids and labels (see `add`), the first and last loss."""
-
-    ids: list[np.ndarray] = field(default_factory=list)
-    labels: list[np.ndarray] = field(default_factory=list)
-    first_loss: torch.Tensor | None = None
-    last_loss: torch.Tensor | None = None
-
-    def add(self, batch: Batch) -> None:
-        if batch.ids is None:
-            return
-        # Copies, not the tensors: a tensor received from a worker process holds an open file
-        # descriptor for as long as it lives (torch's default sharing strategy), so keeping them
-        # for the epoch would exhaust a 1,024-descriptor limit after about 1,000 batches.
-        self.ids.append(batch.ids.numpy().copy())
-        self.labels.append(batch.labels.numpy().copy())
-
-    def loss(self, loss: torch.Tensor) -> None:
-        self.last_loss = loss
-        if self.first_loss is None:
-            self.first_loss = loss
-
-    def outcome(self, label_counts: np.ndarray | None) -> dict[str, Any]:
-        """EpochResult's fields from what was seen: order metrics, ids, first and last loss."""
-        return {
-            "order": order_metrics(self.ids, self.labels, label_counts),
-            "ids": np.concatenate(self.ids) if self.ids else None,
-            "loss_first": self.first_loss.item() if self.first_loss is not None else None,
-            "loss_last": self.last_loss.item() if self.last_loss is not None else None,
-        }
-
-
 def _timed_epoch(
     make_batches: Callable[[], Iterable[Batch]],
     trainer: Trainer | None,
@@ -179,14 +145,15 @@ def _timed_epoch(
     monitor, emulated = UsageMonitor(device, settings.sample_hz), _emulated(settings)
     monitor.open_gpu()  # NVML start-up, outside the clock
     bar = epoch_progress(settings.expected_images, settings.description)
-    seen = _Seen()
+    seen = Seen()
     totals = stages.begin_epoch(settings.stage_times)  # before any worker is forked
     batches = made = None
     try:
         meter.start()
         monitor.start(meter.started_at)
         timeline = loop_timeline(settings.stage_times, totals, meter.started_at, meter.clock)
-        use = _Use.of(trainer, settings, busy, seen, timeline, emulated)
+        finish = Finisher(settings.device, settings.geometry)
+        use = BatchUse(trainer, finish, busy, seen, timeline, settings.host_only, emulated)
         # Building the loader (listing files, forking workers) is part of waiting for the first
         # batch: the first wait is counted from the start of the epoch.
         asked_at = meter.started_at
@@ -236,60 +203,6 @@ def library_metrics(made: object) -> dict[str, float]:
     return report() if callable(report) else {}
 
 
-@dataclass
-class _Use:
-    """What the loop does with a batch it received: finish it on the device, train on it; or,
-    host only, nothing more, or an emulated accelerator's step."""
-
-    trainer: Trainer | None
-    finish: Finisher
-    busy: DeviceBusy
-    seen: _Seen
-    timeline: LoopTimeline
-    host_only: bool = False
-    emulated: EmulatedSteps | None = None
-
-    @classmethod
-    def of(
-        cls,
-        trainer: Trainer | None,
-        settings: EpochSettings,
-        busy: DeviceBusy,
-        seen: _Seen,
-        timeline: LoopTimeline,
-        emulated: EmulatedSteps | None,
-    ) -> _Use:
-        finish = Finisher(settings.device, settings.geometry)
-        return cls(trainer, finish, busy, seen, timeline, settings.host_only, emulated)
-
-    def tail(self) -> str:
-        """What the loop's time after its last mark was: the device finishing the work queued
-        last (the clock synchronized it), or, host only, the handover."""
-        return "handover" if self.host_only else "step" if self.trainer is not None else "finish"
-
-    def end(self) -> None:
-        """After the last batch: emulated steps still computing (sync=none) waited for, as a
-        host synchronizes before it reads the clock; the loader's last `next` counted as its
-        own, the rest as the step's."""
-        if self.emulated is not None:
-            self.emulated.finish()
-            self.timeline.arrived("step")
-
-    def __call__(self, batch: Batch, ready: Ready | None) -> None:
-        if self.emulated is not None:
-            self.emulated.step(len(batch.labels))
-            self.timeline.mark("step")
-            return
-        if self.host_only:
-            return
-        with self.busy.step():
-            images, labels = ready or self.finish(batch)
-            self.timeline.mark("finish")
-            if self.trainer is not None:
-                self.seen.loss(self.trainer.step(images, labels))
-                self.timeline.mark("step")
-
-
 def _emulated(settings: EpochSettings) -> EmulatedSteps | None:
     if settings.accelerator is None:
         return None
@@ -307,19 +220,3 @@ def _feed(loader: Iterable[Batch], settings: EpochSettings) -> Iterator[tuple[Ba
 
 def _finishes_ahead(settings: EpochSettings) -> bool:
     return settings.device.type == "cpu" and not settings.host_only
-
-
-def order_metrics(
-    ids: list[np.ndarray], labels: list[np.ndarray], label_counts: np.ndarray | None
-) -> dict[str, float]:
-    """Shuffle quality and repeats, from the sample ids the loader reported."""
-    if not ids:
-        return {}
-    all_ids = np.concatenate(ids)
-    metrics = {
-        "order_corr": order_corr(all_ids),
-        "samples_unique": float(len(np.unique(all_ids))),
-    }
-    if label_counts is not None:
-        metrics["batch_label_diversity"] = batch_label_diversity(labels, label_counts)
-    return metrics

@@ -8,7 +8,7 @@ from pathlib import Path
 from facebench.errors import DataError
 
 # The checkout that holds train.py; facebench is installed from it in editable mode.
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def cache_dir(configured: str = "") -> Path:

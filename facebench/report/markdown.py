@@ -4,7 +4,8 @@ where each run's workers spent their CPU time, stage by stage."""
 
 from __future__ import annotations
 
-from facebench.report_table import (
+from facebench.host.resources import CONTAINER_TAGS
+from facebench.report.sweep_table import (
     ARTICLE_IMAGES,
     ARTICLE_LOADERS,
     ARTICLE_SECONDS,
@@ -16,9 +17,8 @@ from facebench.report_table import (
     ordered,
     title,
 )
-from facebench.resources import CONTAINER_TAGS
+from facebench.report.tables import markdown
 from facebench.stages import WORKER_STAGES
-from facebench.tables import markdown
 
 
 def render_machines(tags: list[dict[str, str]]) -> str:

@@ -55,7 +55,7 @@ def world_from_env() -> World:
     )
 
 
-# Set by facebench's own launcher (facebench/per_host.py) for the ranks it starts: its pid.
+# Set by facebench's own launcher (facebench/run/per_host.py) for the ranks it starts: its pid.
 AGENT_PID_ENV = "FACEBENCH_AGENT_PID"
 
 

@@ -13,7 +13,7 @@ import torch
 
 from facebench.config import Amp, choice
 from facebench.errors import ConfigError
-from facebench.resources import allowance
+from facebench.host.resources import allowance
 
 log = logging.getLogger(__name__)
 

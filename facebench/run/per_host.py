@@ -22,15 +22,15 @@ from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 
-from facebench import parent_death
-from facebench.accelerator import Accelerator
 from facebench.config import TrainConfig
-from facebench.distributed import AGENT_PID_ENV, world_from_env
-from facebench.entry import MULTIRUN_ENV, SWEEP_ID_ENV
 from facebench.errors import ConfigError, FacebenchError, TrackingLost
-from facebench.resources import usable_cores
+from facebench.host import parent_death
+from facebench.host.distributed import AGENT_PID_ENV, world_from_env
+from facebench.host.resources import usable_cores
 from facebench.results import RESULTS, TRACKING_LOST, JobResults
-from facebench.tracking import UPLOAD_COMMAND
+from facebench.run.accelerator import Accelerator
+from facebench.run.entry import MULTIRUN_ENV, SWEEP_ID_ENV
+from facebench.tracking.tracker import UPLOAD_COMMAND
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ def _launcher(argv: list[str]) -> None:
     job = os.environ.get(JOB_PID_ENV, "")
     parent = int(job) if job.isdigit() else os.getppid()
     parent_death.end_with(parent, "the job", signal.SIGTERM, STOP_GRACE_S)
-    # For the ranks (facebench.distributed.agent_pid): whose end to watch.
+    # For the ranks (facebench.host.distributed.agent_pid): whose end to watch.
     os.environ[AGENT_PID_ENV] = str(os.getpid())
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main

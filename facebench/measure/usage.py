@@ -23,7 +23,7 @@ import numpy as np
 import psutil
 import torch
 
-from facebench.resources import usable_cpus
+from facebench.host.resources import usable_cpus
 
 log = logging.getLogger(__name__)
 

@@ -61,3 +61,19 @@ def batch_label_diversity(batch_labels: list[np.ndarray], label_counts: np.ndarr
     expected = expected_distinct_labels(label_counts, size)
     observed = float(np.mean([len(np.unique(labels)) for labels in batch_labels]))
     return observed / expected if expected else float("nan")
+
+
+def order_metrics(
+    ids: list[np.ndarray], labels: list[np.ndarray], label_counts: np.ndarray | None
+) -> dict[str, float]:
+    """Shuffle quality and repeats, from the sample ids the loader reported."""
+    if not ids:
+        return {}
+    all_ids = np.concatenate(ids)
+    metrics = {
+        "order_corr": order_corr(all_ids),
+        "samples_unique": float(len(np.unique(all_ids))),
+    }
+    if label_counts is not None:
+        metrics["batch_label_diversity"] = batch_label_diversity(labels, label_counts)
+    return metrics

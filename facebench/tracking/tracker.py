@@ -1,5 +1,5 @@
 """A job's MLflow run: opened, logged to, ended. (Where the store is, its experiments, and
-checking it: tracking_store.py.)
+checking it: store.py.)
 
 A store that cannot be used when a run starts stops the job at once, in one line. Once the run
 has started, the measurement matters more than the store: the first call that fails (a server
@@ -17,11 +17,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from facebench import mlflow_views as views
-from facebench import run_owner
 from facebench.errors import TrackingError
-from facebench.printable import printable, printable_mapping
-from facebench.tracking_store import (
+from facebench.host.printable import printable, printable_mapping
+from facebench.tracking import mlflow_views as views
+from facebench.tracking import run_owner
+from facebench.tracking.store import (
     ALL_RUNS_VIEW,
     EXPERIMENT,
     bounded_http_retries,
@@ -266,7 +266,7 @@ def failure_reason(error: BaseException) -> str:
 
 
 def _close_orphans(mlflow: Any, experiment_id: str, uri: str) -> None:
-    """Runs left RUNNING by a killed process, closed (facebench.run_owner). Housekeeping: a
+    """Runs left RUNNING by a killed process, closed (facebench.tracking.run_owner). Housekeeping: a
     failure here is logged and the new run goes on."""
     try:
         run_owner.close_orphans(mlflow.MlflowClient(), experiment_id, uri)

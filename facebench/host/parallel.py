@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import TypeVar
 
-from facebench.resources import usable_cores
+from facebench.host.resources import usable_cores
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -9,7 +9,7 @@ shuffle buffer). A request whose estimate exceeds the memory available is refuse
 numbers; `resource_check=false` starts it anyway. More workers than cores only warns: the
 article ran 10 workers, and that is a legitimate thing to measure.
 
-Inside a container the machine is what its cgroups allow (facebench/cgroups.py), not what the
+Inside a container the machine is what its cgroups allow (facebench/host/cgroups.py), not what the
 host has: `allowance()` is the one answer every part of facebench asks.
 """
 
@@ -23,8 +23,8 @@ from functools import cache
 
 import psutil
 
-from facebench import cgroups
 from facebench.errors import ConfigError
+from facebench.host import cgroups
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 A Hydra callback: each job wrote its results.json into the sweep's folder (<sweep dir>/<job>/);
 this reads them back in job order, so the table holds failed and stopped jobs too. A failed job
-does not stop the sweep (facebench.entry): the summary says which failed, which finished but are
+does not stop the sweep (facebench.run.entry): the summary says which failed, which finished but are
 not in MLflow (and the command that puts them there), and ends the sweep with an exit status:
 1 if any job failed or recorded nothing, else 3 if any run is not in MLflow, else 0.
 """
@@ -19,11 +19,11 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from facebench import hosts_fed
 from facebench.errors import TrackingLost
+from facebench.report import hosts_fed
+from facebench.report.tables import aligned
 from facebench.results import TRACKING_LOST
-from facebench.tables import aligned
-from facebench.tracking import UPLOAD_COMMAND
+from facebench.tracking.tracker import UPLOAD_COMMAND
 
 log = logging.getLogger("facebench")
 

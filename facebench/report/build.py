@@ -3,8 +3,8 @@
     python -m facebench.report                  # the latest sweep
     python -m facebench.report --sweep 1a2b3c4d5e --with-article
 
-Reads the sweep's runs from MLflow into tables (report_table.py), renders them in Markdown
-(report_markdown.py) and draws them (report_chart.py): rows n_workers, columns loaders, a cell's
+Reads the sweep's runs from MLflow into tables (sweep_table.py), renders them in Markdown
+(markdown.py) and draws them (chart.py): rows n_workers, columns loaders, a cell's
 epoch seconds and images/s (medians when the jobs were repeated) and, when the sweep ran the
 compute ceiling with the same settings, the share of it. --with-article adds the article's own
 numbers as a table and a panel of their own. report.md and report.png are written, and logged
@@ -18,13 +18,13 @@ import logging
 import sys
 from pathlib import Path
 
-from facebench import hosts_fed
 from facebench.errors import FacebenchError
-from facebench.paths import PROJECT_ROOT
-from facebench.report_markdown import render, render_article, render_machines
-from facebench.report_table import KIND_TAG, latest_sweep, tables
-from facebench.tracking import Tracker
-from facebench.tracking_store import EXPERIMENT, REPORTS_EXPERIMENT, check_server, tracking_uri
+from facebench.host.paths import PROJECT_ROOT
+from facebench.report import hosts_fed
+from facebench.report.markdown import render, render_article, render_machines
+from facebench.report.sweep_table import KIND_TAG, latest_sweep, tables
+from facebench.tracking.store import EXPERIMENT, REPORTS_EXPERIMENT, check_server, tracking_uri
+from facebench.tracking.tracker import Tracker
 
 log = logging.getLogger("facebench.report")
 
@@ -35,7 +35,7 @@ def report(
     """The sweep's table (and the article's), written to `out` as report.md and report.png."""
     import mlflow
 
-    from facebench.report_chart import chart  # matplotlib, only when a report is drawn
+    from facebench.report.chart import chart  # matplotlib, only when a report is drawn
 
     check_server(tracking_uri())
     mlflow.set_tracking_uri(tracking_uri())

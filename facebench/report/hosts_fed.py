@@ -32,7 +32,7 @@ def _key(params: Mapping[str, Any]) -> tuple[str, str, str]:
     name, rate = str(params["accelerator.name"]), float(params.get("accelerator_images_per_s") or 0)
     accelerator = f"{name} ({rate:,.0f} images/s)" if rate else name
     # How much of a core each rank's loop spun while it waited, and when it waited: what a GPU
-    # run's host pays (facebench/accelerator.py). Said only where it is not the default.
+    # run's host pays (facebench/run/accelerator.py). Said only where it is not the default.
     host_cpu = float(params.get("accelerator.host_cpu", 1.0))
     sync = str(params.get("accelerator.sync", "every_step"))
     if host_cpu != 1.0 or sync != "every_step":

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 import torchvision
 
-from facebench.device import Precision
+from facebench.host.device import Precision
 
 
 @dataclass

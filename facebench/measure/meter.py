@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from facebench.device import synchronize
+from facebench.host.device import synchronize
 
 # Batches excluded from the steady-state rate, with the wait for the first batch after them: worker
 # start-up, first-touch allocations, cuDNN autotuning. A tenth of the epoch, 1 to 20 batches, and

@@ -12,20 +12,20 @@ from typing import Any
 import torch
 
 from facebench import loaders
-from facebench.accelerator import Accelerator
 from facebench.config import TrainConfig
 from facebench.data.records import LabelSpace
-from facebench.device import (
+from facebench.host.device import (
     Precision,
     hardware_tags,
     resolve_device,
     resolve_precision,
     threads_within_quota,
 )
-from facebench.distributed import World, world_from_env
-from facebench.distributed import start as start_distributed
-from facebench.paths import PROJECT_ROOT
-from facebench.training import Trainer, build_trainer
+from facebench.host.distributed import World, world_from_env
+from facebench.host.distributed import start as start_distributed
+from facebench.host.paths import PROJECT_ROOT
+from facebench.run.accelerator import Accelerator
+from facebench.run.training import Trainer, build_trainer
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -89,7 +89,7 @@ class Job:
     world: World
     device: torch.device
     precision: Precision
-    # An emulated accelerator in place of the model (facebench/accelerator.py), or None.
+    # An emulated accelerator in place of the model (facebench/run/accelerator.py), or None.
     accelerator: Accelerator | None = None
 
     @classmethod

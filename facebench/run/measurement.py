@@ -12,16 +12,16 @@ import numpy as np
 
 from facebench import stages
 from facebench.config import TrainConfig
-from facebench.distributed import StepBarrier, World, barrier, gather, join, whole_job
-from facebench.epoch import EpochSettings, run_epoch
-from facebench.exactly_once import check_exactly_once
-from facebench.job import Job
+from facebench.host.distributed import StepBarrier, World, barrier, gather, join, whole_job
+from facebench.host.pagecache import resident_fraction, set_page_cache
 from facebench.loaders.shared import LoaderContext
 from facebench.loaders.spec import LoaderSpec
-from facebench.meter import MIN_STEADY_BATCHES, batches_for_steady
-from facebench.pagecache import resident_fraction, set_page_cache
-from facebench.tracking import Tracker
-from facebench.training import Trainer
+from facebench.measure.exactly_once import check_exactly_once
+from facebench.measure.meter import MIN_STEADY_BATCHES, batches_for_steady
+from facebench.run.epoch import EpochSettings, run_epoch
+from facebench.run.job import Job
+from facebench.run.training import Trainer
+from facebench.tracking.tracker import Tracker
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from facebench.report_table import (
+from facebench.report.sweep_table import (
     CEILING,
     Cell,
     Settings,

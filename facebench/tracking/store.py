@@ -4,7 +4,7 @@ The store is `sqlite:///<project root>/mlflow.db` whatever the working directory
 would give every Hydra job its own database); MLFLOW_TRACKING_URI overrides it. Artifacts go in a
 `mlruns/` folder beside the database. Training runs, and nothing else, go in `facebench`;
 reports and advice go in `facebench-reports`. Each experiment carries a shared view of the runs
-table (facebench.mlflow_views) whose URL opens the headline numbers side by side.
+table (facebench.tracking.mlflow_views) whose URL opens the headline numbers side by side.
 
 A store is checked in seconds before a run uses it: a server that does not answer, a SQLite store
 that cannot be written (MLflow would retry either for minutes); a run's calls to a server retry
@@ -22,9 +22,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
-from facebench import mlflow_views as views
 from facebench.errors import TrackingError
-from facebench.paths import PROJECT_ROOT
+from facebench.host.paths import PROJECT_ROOT
+from facebench.tracking import mlflow_views as views
 
 EXPERIMENT = "facebench"
 REPORTS_EXPERIMENT = "facebench-reports"
@@ -83,7 +83,7 @@ _SERVER_TIMEOUT_S = 5
 # MLflow retries a server that does not answer for minutes, with backoff (7 retries, 120 s
 # each). A run's calls retry once, about a second later, and wait 10 s for an answer: a server
 # that restarts meanwhile is kept; one that is gone costs seconds, and the run goes on without
-# it (facebench.tracking). Variables the user set are left as they are.
+# it (facebench.tracking.tracker). Variables the user set are left as they are.
 _RUN_HTTP = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",

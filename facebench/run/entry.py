@@ -18,11 +18,12 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from facebench import loaders, parent_death, printable
+from facebench import loaders
 from facebench.config import register_configs, typed
-from facebench.distributed import agent_pid
 from facebench.errors import FacebenchError, Interrupted, TrackingLost, interruption
-from facebench.paths import PROJECT_ROOT
+from facebench.host import parent_death, printable
+from facebench.host.distributed import agent_pid
+from facebench.host.paths import PROJECT_ROOT
 
 log = logging.getLogger("facebench")
 T = TypeVar("T")
@@ -110,7 +111,7 @@ def run_dir() -> str:
     return datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
 
 
-# Set for the ranks a job starts on one host (facebench/per_host.py): they are that job.
+# Set for the ranks a job starts on one host (facebench/run/per_host.py): they are that job.
 SWEEP_ID_ENV = "FACEBENCH_SWEEP_ID"
 MULTIRUN_ENV = "FACEBENCH_MULTIRUN"
 
@@ -180,7 +181,7 @@ def _end(error: BaseException, multirun: bool, distributed: bool) -> None:
 
 def _sweep_summarised() -> bool:
     """Whether this sweep ends with facebench's summary, which reads every job's results.json
-    and exits non-zero for the failed ones (facebench.sweep_summary)."""
+    and exits non-zero for the failed ones (facebench.report.sweep_summary)."""
     return "sweep_summary" in (HydraConfig.get().callbacks or {})
 
 
@@ -202,8 +203,8 @@ def install_process_handlers() -> None:
     raised inside a finalizer, which drops it, is delivered again a moment later. A worker
     whose main process stopped listening (it failed, and says why in one line) goes without
     printing the broken pipe's traceback. Every process forked from here on dies with its
-    parent, even one killed with SIGKILL (facebench.parent_death), and so does a rank started by
-    torchrun's agent: it stops, as on SIGTERM, once the agent is gone.
+    parent, even one killed with SIGKILL (facebench.host.parent_death), and so does a rank
+    started by torchrun's agent: it stops, as on SIGTERM, once the agent is gone.
     """
     global _job_pid
     _job_pid = os.getpid()

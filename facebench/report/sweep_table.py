@@ -1,4 +1,4 @@
-"""A sweep's runs as tables: the model that report.py renders as Markdown and report_chart.py
+"""A sweep's runs as tables: the model that markdown.py renders as Markdown and chart.py
 draws. Runs whose settings differ in anything but the loader and n_workers (model, batch size,
 cache, data, host_only, ...) go into separate tables; rows are n_workers, columns loaders (with
 the loader.* options that vary between a loader's runs), a cell a run's epoch time, rate and

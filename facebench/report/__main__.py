@@ -1,0 +1,5 @@
+"""python -m facebench.report: facebench/report/build.py."""
+
+from facebench.report.build import main
+
+main()
