@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -295,3 +296,47 @@ def test_advise_skips_what_shared_memory_cannot_hold_and_says_why(tmp_path, cach
     assert skipped in rows["dataset"]
     assert "but /dev/shm has 1.0 MiB free (of 1.0 MiB)" in rows["dataset"]
     assert re.search(r"\| raw \| \w+ \| \d+ \| [\d,]+ \(\d\) \|", output)  # threads: measured
+
+
+@pytest.mark.slow
+def test_a_temporary_folder_too_long_for_the_workers_sockets_is_refused_not_hung(
+    tmp_path, cache, isolated_env, request
+):
+    """Workers hand each batch's file descriptors over a Unix socket in TMPDIR: in a folder one
+    byte too long the run is refused in one line (it once waited forever for a batch that its
+    worker's feeder thread failed to send); in the longest one allowed, batches cross."""
+    base = Path(tempfile.mkdtemp(prefix="fb-"))  # pytest's own folders are long already
+    request.addfinalizer(lambda: shutil.rmtree(base, ignore_errors=True))
+    most = 107 - len("/pymp-XXXXXXXX/listener-XXXXXXXX")
+    folders = {}
+    for extra in (0, 1):
+        folder = base / ("x" * (most + extra - len(str(base)) - 1))
+        folder.mkdir()
+        folders[extra] = folder
+    assert len(str(folders[0])) == most
+
+    def run(folder: Path) -> subprocess.CompletedProcess:
+        command = [
+            sys.executable,
+            str(PROJECT_ROOT / "train.py"),
+            "loader=dataset",
+            "model=none",
+            "device=cpu",
+            "n_workers=2",
+            "batch_size=20",
+            "data.n_images=120",
+            f"data.cache_dir={cache}",
+            "tracking=false",
+            f"hydra.run.dir={tmp_path / folder.name[:8] / str(len(folder.name))}",
+        ]
+        env = {**isolated_env, "TMPDIR": str(folder)}
+        return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+
+    fits = run(folders[0])
+    assert fits.returncode == 0, fits.stderr[-3000:]
+    refused = run(folders[1])
+    output = refused.stdout + refused.stderr
+    assert refused.returncode == 1 and "Traceback" not in output, output[-3000:]
+    [line] = [line for line in output.splitlines() if "too long for the sockets" in line]
+    assert f"the temporary folder {folders[1]} ({most + 1} bytes, from TMPDIR)" in line
+    assert f"Set TMPDIR to a folder of at most {most} bytes" in line

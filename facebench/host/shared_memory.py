@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,11 @@ _HEADROOM = 1.25  # for what else uses /dev/shm meanwhile (torch's own, other pr
 _PAGE = 4096
 # A batch's labels, ids and crop offsets: int64s, each tensor a file of whole pages of its own.
 _SMALL_PER_IMAGE, _SMALL_FILES = 4 * 8, 3
+# Where a worker process passes a batch's file descriptors: a Unix socket multiprocessing makes
+# in the temporary folder, $TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX; its path must fit
+# sockaddr_un's 108 bytes, the last a NUL.
+_SOCKET_TAIL = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
+_SOCKET_PATH_MOST = 107
 
 
 @dataclass(frozen=True)
@@ -188,3 +194,19 @@ def ran_out(loader: str) -> LoaderFailure:
 
 def mib(size: int) -> str:
     return f"{size / MIB:,.1f} MiB"
+
+
+def check_socket_folder(loader: str, folder: str | None = None) -> None:
+    """Refuse a temporary folder too long for the workers' sockets: there a worker's first
+    batch fails in its queue's feeder thread (`OSError: AF_UNIX path too long`), which the
+    loop never hears of, and the epoch waits forever."""
+    folder = folder or tempfile.gettempdir()
+    longest = len(os.fsencode(folder)) + _SOCKET_TAIL
+    if longest > _SOCKET_PATH_MOST:
+        most = _SOCKET_PATH_MOST - _SOCKET_TAIL
+        raise ConfigError(
+            f"loader={loader}: the temporary folder {folder} ({longest - _SOCKET_TAIL} bytes, "
+            f"from TMPDIR) is too long for the sockets its worker processes hand batches "
+            f"through: their paths would pass the 108 bytes a Unix socket's may have. Set "
+            f"TMPDIR to a folder of at most {most} bytes (export TMPDIR=/tmp), or n_workers=0"
+        )

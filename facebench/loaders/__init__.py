@@ -95,6 +95,9 @@ def set_up(
         # Ranks this job started for its emulated accelerators: fewer of them is the fix.
         ranks_setting="accelerators_per_host" if cfg.accelerators_per_host > 1 else "",
     )
+    traits = spec.traits_for(ctx.options)
+    if traits.workers == Workers.process and cfg.n_workers and spec.through_shared_memory:
+        shared_memory.check_socket_folder(cfg.loader.name)
     if loop_holds is not None:  # after the memory's check: more workers than memory come first
         batches = in_flight(cfg.loader.name, spec, ctx, loop_holds)
         shared_memory.check(batches, threaded, enabled=cfg.resource_check)
