@@ -77,10 +77,11 @@ def set_up(
     loop_holds: int | None = None,
 ) -> dict[str, float]:
     """The loader's setup, once per job, outside the clock: its library checked first, its
-    shards built if missing; then the checks that its workers fit this machine: memory, and,
-    given what the epoch loop holds (`loop_holds` batches), the shared memory their batches
-    cross (advise checks each worker count itself). Rank 0 first: it builds what the others
-    then reuse. Its metrics (the shards' build time, say)."""
+    shards built if missing; then the checks that its workers fit this machine: memory, a
+    temporary folder short enough for their sockets, and, given what the epoch loop holds
+    (`loop_holds` batches), the shared memory their batches cross (advise checks each worker
+    count itself). Rank 0 first: it builds what the others then reuse. Its metrics (the
+    shards' build time, say)."""
     spec.require(cfg.loader.name)
     decoders.require(str(getattr(cfg.loader, "decoder", "")))
     metrics = spec.set_up_job(ctx)
