@@ -307,7 +307,7 @@ def test_the_article_comparison_on_a_real_layout_tree(tmp_path, cache, isolated_
         [
             sys.executable,
             "-m",
-            "facebench.report.build",
+            "facebench.report",
             "--with-article",
             "--out",
             str(tmp_path / "r"),
