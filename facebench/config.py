@@ -175,6 +175,35 @@ class AcceleratorConfig:
 
 
 @dataclass
+class StorageConfig:
+    """Where the data are read from (conf/storage/): the local file system, or an S3 bucket.
+
+    With storage=s3, the data's layout (data=synthetic, celeba_digiface, folder) is found under
+    `url` instead of a folder: s3://bucket/prefix/CelebA/..., as `python prepare.py storage=s3`
+    uploads it. Credentials come the standard AWS way (AWS_ACCESS_KEY_ID and
+    AWS_SECRET_ACCESS_KEY, ~/.aws/credentials, AWS_PROFILE or `profile`) and are never logged.
+    """
+
+    name: str = "local"
+    # s3://bucket/prefix: the data set's layout lives under the prefix.
+    url: str = ""
+    # The S3 endpoint, http(s)://host:port; empty: AWS's own for the region.
+    endpoint: str = ""
+    region: str = "us-east-1"
+    # Address buckets as endpoint/bucket/key (most servers other than AWS need it) rather than
+    # bucket.endpoint/key.
+    path_style: bool = False
+    # A profile of ~/.aws/credentials and ~/.aws/config; empty: AWS_PROFILE, or the default.
+    profile: str = ""
+    # GETs each loader worker (or the loop, with n_workers=0) keeps in flight, from a pool of
+    # threads: one image's latency hides behind the others' (pytorch#158218).
+    requests_per_worker: int = 8
+    # Attempts per request before a read fails (S3's 503 SlowDown and dropped connections are
+    # retried, with backoff).
+    attempts: int = 3
+
+
+@dataclass
 class CommonConfig:
     """Keys that train.py and prepare.py share, so the same overrides mean the same thing."""
 
@@ -194,6 +223,8 @@ class CommonConfig:
     on_bad_sample: OnBadSample = OnBadSample("raise")
     # Resize, crop and normalization; shards that hold resized pixels (raw, litdata) follow it.
     transform: TransformConfig = dataclasses.field(default_factory=TransformConfig)
+    # Where the data are: storage=local (data.root, or the cache) or storage=s3 (a bucket).
+    storage: StorageConfig = dataclasses.field(default_factory=StorageConfig)
 
 
 @dataclass

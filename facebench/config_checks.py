@@ -74,6 +74,7 @@ def validate(cfg: DictConfig) -> None:
     problems += _mode_problems(cfg)
     problems += _data_problems(cfg.data)
     problems += _amount_problems(cfg)
+    problems += _storage_problems(cfg.get("storage"))
     if problems:
         raise ConfigError("invalid config: " + "; ".join(problems))
 
@@ -91,6 +92,30 @@ def _amount_problems(cfg: DictConfig) -> list[str]:
     return problems
 
 
+def _storage_problems(storage: DictConfig | None) -> list[str]:
+    """A bucket's address and endpoint, in the forms the clients take."""
+    if storage is None or storage.get("name") == "local":
+        return []
+    problems = []
+    url = storage.get("url") or ""
+    if not _BUCKET_URL.match(url):
+        problems.append(
+            f"storage.url={url or '(empty)'}: give the data's place as s3://bucket/prefix "
+            "(the prefix may be empty)"
+        )
+    endpoint = storage.get("endpoint") or ""
+    if endpoint and not _ENDPOINT.match(endpoint):
+        problems.append(
+            f"storage.endpoint={endpoint}: give it as http://host:port or https://host "
+            "(empty: AWS's own)"
+        )
+    return problems
+
+
+# A bucket's name as S3 allows it (3-63 lower-case letters, digits, dots, hyphens), then a prefix.
+_BUCKET_URL = re.compile(r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$")
+_ENDPOINT = re.compile(r"^https?://[^/\s]+/?$")
+
 _AT_LEAST_ONE = (
     "accelerators_per_host",
     "batch_size",
@@ -98,6 +123,8 @@ _AT_LEAST_ONE = (
     "repeat",
     "shard_size",
     "loader.prefetch_factor",
+    "storage.requests_per_worker",
+    "storage.attempts",
     "loader.shuffle_buffer",
 )
 

@@ -28,6 +28,10 @@ class ShardError(FacebenchError):
     """Shards are missing, incomplete, or do not match their manifest."""
 
 
+class StorageError(FacebenchError):
+    """An object store cannot be reached, refuses a request, or lacks an object it should hold."""
+
+
 class TrackingError(FacebenchError):
     """The MLflow store cannot be used."""
 

@@ -45,6 +45,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from facebench.fetches import Fetches
+
 WORKER_STAGES = ("read", "decode", "transform", "collate")
 READ, DECODE, TRANSFORM, COLLATE = range(len(WORKER_STAGES))
 MAIN_STAGES = ("wait", "handover", "finish", "step")
@@ -70,16 +72,19 @@ class StageTimes:
     producer: tuple[int, int]
     # Images decoded by PIL because the chosen fast decoder could not give PIL's pixels.
     fallbacks: int = 0
+    # What reading from an object store cost (facebench/fetches.py); None: nothing fetched.
+    fetches: Fetches | None = None
 
 
 class _Tally:
-    __slots__ = ("ns", "stage_cpu", "cpu_mark", "fallbacks")
+    __slots__ = ("ns", "stage_cpu", "cpu_mark", "fallbacks", "fetches")
 
     def __init__(self, cpu_mark: int) -> None:
         self.ns = [0] * len(WORKER_STAGES)
         self.stage_cpu = [0] * len(WORKER_STAGES)
         self.cpu_mark = cpu_mark
         self.fallbacks = 0
+        self.fetches: Fetches | None = None
 
 
 def _in_child() -> bool:
@@ -132,6 +137,16 @@ def fallback() -> None:
         _tally().fallbacks += 1
 
 
+def fetched(size: int, latency_ns: int, first_byte_ns: int, retries: int, throttled: int) -> None:
+    """Count one GET from an object store (its bytes, latency, first byte, retried attempts and
+    503 answers) for the batch this thread assembles next, as the stage times are."""
+    if _enabled:
+        tally = _tally()
+        if tally.fetches is None:
+            tally.fetches = Fetches()
+        tally.fetches.add_get(size, latency_ns, first_byte_ns, retries, throttled)
+
+
 def take() -> StageTimes | None:
     """This thread's stage times since its last take, for the batch it just assembled; None
     when timing is off."""
@@ -145,8 +160,10 @@ def take() -> StageTimes | None:
         cpu - tally.cpu_mark,
         (os.getpid(), threading.get_ident()),
         tally.fallbacks,
+        tally.fetches,
     )
     tally.fallbacks = 0
+    tally.fetches = None
     tally.ns = [0] * len(WORKER_STAGES)
     tally.stage_cpu = [0] * len(WORKER_STAGES)
     tally.cpu_mark = cpu
@@ -196,6 +213,7 @@ class StageTotals:
     worker_cpu_ns: int = 0
     timed_batches: int = 0
     fallbacks: int = 0
+    fetches: Fetches = field(default_factory=Fetches)
     main_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(MAIN_STAGES, 0.0))
     enabled: bool = True  # False: stage_times=false, nothing to report
 
@@ -208,6 +226,8 @@ class StageTotals:
         self.worker_cpu_ns += times.cpu_ns
         self.timed_batches += 1
         self.fallbacks += times.fallbacks
+        if times.fetches is not None:
+            self.fetches.add(times.fetches)
 
     def metrics(self, images: int, epoch_time_s: float) -> dict[str, float]:
         """Per image, for every worker stage: stage_<name>_cpu_us (CPU time) and its share of
@@ -236,6 +256,7 @@ class StageTotals:
             metrics[f"stage_{name}_us"] = seconds * 1e6 / images
             metrics[f"stage_{name}_frac"] = seconds / epoch_time_s
         metrics["stage_main_coverage"] = sum(self.main_s.values()) / epoch_time_s
+        metrics.update(self.fetches.metrics(epoch_time_s))
         return metrics
 
 

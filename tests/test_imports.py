@@ -25,8 +25,10 @@ LAYERS = [
     {"errors"},
     {"config_checks"},
     {"config"},
+    {"fetches"},  # what reading from an object store cost, carried with each batch
     {"stages", "results"},  # what loaders record per image; a job's record on disk
     {"host"},
+    {"storage"},  # data in a bucket: addresses, credentials, the client, a local server
     {"data"},
     {"shards"},
     {"loaders"},

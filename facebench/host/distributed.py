@@ -200,6 +200,19 @@ def whole_job(per_rank: list[dict[str, float]]) -> dict[str, float]:
     else:  # a rank with too few steps for one: rank 0's alone would pose as the job's
         for name in ("au", "au_pass", "accelerator_compute_s", "accelerator_steps"):
             merged.pop(name, None)
+    # A bucket's requests: counts summed, rates over the slowest rank's time; a percentile of
+    # all the ranks' GETs lies between the ranks' own, so the highest is the job's bound.
+    for name in ("storage_requests", "storage_bytes", "storage_retries", "storage_throttled"):
+        values = [m[name] for m in per_rank if name in m]
+        if values:
+            merged[name] = float(sum(values))
+    if "storage_requests" in merged:
+        merged["storage_requests_per_s"] = merged["storage_requests"] / merged["epoch_time_s"]
+        merged["storage_mb_per_s"] = merged["storage_bytes"] / 1e6 / merged["epoch_time_s"]
+    for name in ("get_p50", "get_p99", "ttfb_p50", "ttfb_p99"):
+        values = [m[f"storage_{name}_ms"] for m in per_rank if f"storage_{name}_ms" in m]
+        if values:
+            merged[f"storage_{name}_ms"] = max(values)
     # Stage times are per image and shares: every rank handles as many images, so the job's
     # are the ranks' means.
     for name in {key for m in per_rank for key in m if key.startswith("stage_")}:

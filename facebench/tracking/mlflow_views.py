@@ -32,6 +32,8 @@ METRIC_COLUMNS = (
     "gpu_busy_frac",
     "gpu_util_mean",
     "au",
+    "storage_requests_per_s",  # storage=s3 only: a bucket's request rate and latency
+    "storage_get_p50_ms",
 )
 PARAM_COLUMNS = ("loader", "n_workers", "host_only")
 # Which data set and how many samples ("synthetic 6,000"); where the workers' time goes, as

@@ -1,0 +1,47 @@
+"""Credentials, the standard AWS way, and where they came from (never what they are).
+
+botocore's chain finds them as every AWS tool does: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY,
+the shared credentials file, a profile of ~/.aws/config (AWS_PROFILE, or storage.profile), an
+instance's role. The clients resolve them the same way themselves; this only checks, before any
+run opens, that some are there, and names their source for the run's tags.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from facebench.errors import StorageError
+from facebench.host.extras import Requirement
+
+# botocore says at INFO where it found them, once per client; the run's tag says it once.
+logging.getLogger("botocore.credentials").setLevel(logging.WARNING)
+
+
+# What storage=s3 needs: AWS's CRT client for the images, boto3 for the rest.
+CLIENTS = (Requirement("s3torchconnector", "s3"), Requirement("boto3", "s3"))
+
+
+def credentials_source(profile: str = "") -> str:
+    """Where the chain found credentials: env, shared-credentials-file, config-file, iam-role,
+    sso, ... (botocore's name for the provider). Refuses first if the clients are missing."""
+    for requirement in CLIENTS:
+        requirement.require("storage=s3")
+    import botocore.exceptions
+    import botocore.session
+
+    session = botocore.session.Session(profile=profile or None)
+    try:
+        found = session.get_credentials()
+    except botocore.exceptions.ProfileNotFound:
+        raise StorageError(
+            f"storage.profile={profile}: no such profile in ~/.aws/credentials or ~/.aws/config"
+        ) from None
+    except botocore.exceptions.BotoCoreError as error:
+        raise StorageError(f"AWS credentials could not be read: {error}") from None
+    if found is None:
+        raise StorageError(
+            "no AWS credentials found: export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
+            "name a profile of ~/.aws/credentials with storage.profile=NAME (the local server "
+            "prints its keys: python -m facebench.storage.server status)"
+        )
+    return str(found.method)

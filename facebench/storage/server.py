@@ -1,0 +1,388 @@
+"""A local S3-compatible object server, for trying data in a bucket and for the tests.
+
+    python -m facebench.storage.server start     # on 127.0.0.1:8090, data under .cache/s3server/
+    python -m facebench.storage.server status
+    python -m facebench.storage.server stop
+
+It is OpenStack Swift with its s3api middleware (the `s3server` extra): objects are files on disk,
+and it speaks S3's REST API with v4 signatures (GET with Range, ListObjectsV2, multipart upload),
+so every client a loader uses (obstore, boto3, the AWS CRT, pyarrow, LitData's) talks to it as to
+a bucket. Four daemons (proxy, object, container, account) run as processes of their own, each
+started with facebench/storage/swift_daemon.py, plus memcached where it is installed: Swift's
+proxy keeps its account and container lookups there, and answers about twice as many GETs a
+second with it (without it, it works, slower, and `start` says so).
+
+One user, whose S3 keys are ACCESS_KEY and SECRET_KEY, may create buckets and read and write
+anything; `start` prints the keys and the `storage.*` overrides to use. The data stays between
+starts; `stop` ends the daemons and keeps it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from facebench.errors import StorageError
+from facebench.host.paths import cache_dir
+
+log = logging.getLogger(__name__)
+
+ACCESS_KEY = "facebench:admin"  # tempauth's <account>:<user>
+SECRET_KEY = "facebench-local"
+REGION = "us-east-1"
+DEFAULT_PORT = 8090
+BUCKET = "facebench"  # created at start
+STATE = "server.json"
+_DAEMONS = ("account", "container", "object", "proxy")  # started in this order, proxy last
+_DAEMON = [sys.executable, "-m", "facebench.storage.swift_daemon"]
+_READY_S = 60.0
+_STOP_S = 10.0
+_PROXY_PIPELINE = (
+    "catch_errors gatekeeper healthcheck proxy-logging cache listing_formats s3api tempauth "
+    "copy slo dlo proxy-logging proxy-server"
+)
+# Pipeline name -> Swift's entry point, for the filters that take no settings.
+_PROXY_FILTERS = {
+    "catch_errors": "catch_errors",
+    "gatekeeper": "gatekeeper",
+    "healthcheck": "healthcheck",
+    "proxy-logging": "proxy_logging",
+    "listing_formats": "listing_formats",
+    "copy": "copy",
+    "slo": "slo",
+    "dlo": "dlo",
+}
+
+
+@dataclass(frozen=True)
+class Running:
+    """A started server: where it answers, its processes, and where its files are."""
+
+    endpoint: str
+    root: str
+    pids: dict[str, int]
+    memcached: bool
+
+    def overrides(self, url: str = f"s3://{BUCKET}/data") -> list[str]:
+        """The `storage.*` overrides that point a run at data under `url` on this server."""
+        return [
+            "storage=s3",
+            f"storage.url={url}",
+            f"storage.endpoint={self.endpoint}",
+            f"storage.region={REGION}",
+            "storage.path_style=true",
+        ]
+
+    def environment(self) -> dict[str, str]:
+        """Its credentials, the standard AWS way."""
+        return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
+
+
+def server_root(configured: str = "") -> Path:
+    """Where the server keeps its objects, configs and logs: facebench's cache, by default."""
+    return Path(configured).expanduser().resolve() if configured else cache_dir() / "s3server"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _write_rings(swift_dir: Path, ports: dict[str, int]) -> None:
+    kinds = ("account", "container", "object")
+    command = [*_DAEMON, "rings", str(swift_dir), *(str(ports[kind]) for kind in kinds)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise StorageError(f"the local object server's rings were not built: {done.stderr[-500:]}")
+
+
+def _ini(sections: dict[str, dict[str, str | int]]) -> str:
+    return "".join(
+        f"[{name}]\n" + "".join(f"{key} = {value}\n" for key, value in values.items()) + "\n"
+        for name, values in sections.items()
+    )
+
+
+def _write_configs(root: Path, ports: dict[str, int], memcache_port: int) -> None:
+    swift_dir = root / "conf"
+    common = {
+        "bind_ip": "127.0.0.1",
+        "workers": 0,  # one process each: on a small machine the loaders need the cores
+        "swift_dir": str(swift_dir),
+        "log_level": "WARNING",
+        "log_name": "facebench-s3server",
+    }
+    (swift_dir / "swift.conf").write_text(
+        _ini(
+            {
+                "swift-hash": {"swift_hash_path_suffix": "facebench", "swift_hash_path_prefix": ""},
+                "storage-policy:0": {"name": "default", "default": "yes"},
+            }
+        )
+    )
+    for kind in ("account", "container", "object"):
+        server = {"devices": str(root / "data"), "mount_check": "false"}
+        config = {
+            "DEFAULT": {**common, **server, "bind_port": ports[kind]},
+            "pipeline:main": {"pipeline": f"{kind}-server"},
+            f"app:{kind}-server": {"use": f"egg:swift#{kind}"},
+        }
+        (swift_dir / f"{kind}-server.conf").write_text(_ini(config))
+    proxy = {
+        "DEFAULT": {**common, "bind_port": ports["proxy"]},
+        "pipeline:main": {"pipeline": _PROXY_PIPELINE},
+        "app:proxy-server": {"use": "egg:swift#proxy", "account_autocreate": "true"},
+        # With no memcached, a port nothing listens on: tempauth and s3api need the filter, and
+        # the proxy then looks every account and container up again (slower, still correct).
+        "filter:cache": {
+            "use": "egg:swift#memcache",
+            "memcache_servers": f"127.0.0.1:{memcache_port}",
+        },
+        "filter:s3api": {"use": "egg:swift#s3api", "location": REGION},
+        "filter:tempauth": {
+            "use": "egg:swift#tempauth",
+            "user_facebench_admin": f"{SECRET_KEY} .admin",
+        },
+        **{f"filter:{name}": {"use": f"egg:swift#{egg}"} for name, egg in _PROXY_FILTERS.items()},
+    }
+    (swift_dir / "proxy-server.conf").write_text(_ini(proxy))
+
+
+def _die_with_parent() -> None:
+    """In a daemon started for one process's use (a test's): SIGKILL when that process ends."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)
+
+
+def _spawn(command: list[str], log_path: Path, detached: bool) -> int:
+    with open(log_path, "ab") as output:
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C in the terminal that started it does not stop it
+            preexec_fn=None if detached else _die_with_parent,
+        )
+    return process.pid
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited, not yet reaped by its parent) is gone for every purpose here.
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    return True
+
+
+def running(root: Path) -> Running | None:
+    """The server whose files are under root, if it is up (every daemon alive)."""
+    state = root / STATE
+    if not state.is_file():
+        return None
+    server = Running(**json.loads(state.read_text()))
+    return server if all(_alive(pid) for pid in server.pids.values()) else None
+
+
+def _wait_ready(server: Running, logs: Path) -> None:
+    deadline = time.monotonic() + _READY_S
+    url = f"{server.endpoint}/healthcheck"
+    ports = [int(line) for line in (logs / "ports").read_text().split()]
+    while True:
+        dead = [kind for kind, pid in server.pids.items() if not _alive(pid)]
+        if dead:
+            raise StorageError(
+                f"the local object server's {dead[0]} daemon exited at start: see "
+                f"{logs / (dead[0] + '.log')}"
+            )
+        with contextlib.suppress(OSError):
+            if all(_port_in_use(port) for port in ports):
+                with urllib.request.urlopen(url, timeout=2) as answer:
+                    if answer.status == 200:
+                        return
+        if time.monotonic() > deadline:
+            raise StorageError(
+                f"the local object server did not answer at {url} within {_READY_S:.0f} s: "
+                f"see the logs in {logs}"
+            )
+        time.sleep(0.2)
+
+
+def start(root: Path, port: int = DEFAULT_PORT, detached: bool = True) -> Running:
+    """Start the server with its data under root, answering on 127.0.0.1:port (0: any free
+    port); return it when it answers. An already running one under root is returned as it is.
+
+    `detached`: it outlives this process (the command); otherwise it is killed when this
+    process ends, however it ends (a test's server).
+    """
+    already = running(root)
+    if already is not None:
+        return already
+    stop(root)  # what is left of one that half ended (a daemon killed): all of it, first
+    if importlib.util.find_spec("swift") is None:
+        raise StorageError(
+            "the local object server needs OpenStack Swift: pip install -e '.[s3server]'"
+        )
+    if port and _port_in_use(port):
+        raise StorageError(
+            f"127.0.0.1:{port} is in use by another program: start the server on another port "
+            "(--port)"
+        )
+    for folder in ("conf", "data/d1", "logs"):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+    ports = {kind: free_port() for kind in ("account", "container", "object")}
+    ports["proxy"] = port or free_port()
+    memcache_port = free_port()
+    logs = root / "logs"
+    (logs / "ports").write_text("\n".join(str(p) for p in ports.values()))
+    _write_rings(root / "conf", ports)
+    _write_configs(root, ports, memcache_port)
+    pids: dict[str, int] = {}
+    memcached = shutil.which("memcached")
+    if memcached:
+        user = ["-u", "root"] if os.geteuid() == 0 else []  # memcached will not run as root else
+        command = [memcached, *user, "-l", "127.0.0.1", "-p", str(memcache_port), "-m", "64"]
+        pids["memcached"] = _spawn(command, logs / "memcached.log", detached)
+    else:
+        log.warning(
+            "memcached is not installed: the local object server runs without its cache, about "
+            "half as fast (apt-get install memcached)"
+        )
+    for kind in _DAEMONS:
+        conf = root / "conf" / f"{kind}-server.conf"
+        command = [*_DAEMON, kind, str(root / "conf" / "swift.conf"), str(conf)]
+        pids[kind] = _spawn(command, logs / f"{kind}.log", detached)
+    server = Running(f"http://127.0.0.1:{ports['proxy']}", str(root), pids, bool(memcached))
+    try:
+        _wait_ready(server, logs)
+    except BaseException:
+        _end(server.pids)
+        raise
+    _create_bucket(server, BUCKET)
+    (root / STATE).write_text(json.dumps(asdict(server)))
+    return server
+
+
+def _create_bucket(server: Running, bucket: str) -> None:
+    """The bucket the printed commands name, so that they work as they are (kept if there)."""
+    import boto3
+    import botocore.exceptions
+
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=server.endpoint,
+        region_name=REGION,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+    )
+    try:
+        s3.create_bucket(Bucket=bucket)
+    except botocore.exceptions.ClientError as error:
+        if error.response.get("Error", {}).get("Code") != "BucketAlreadyOwnedByYou":
+            raise StorageError(
+                f"{server.endpoint}: bucket {bucket} not created ({error})"
+            ) from None
+
+
+def _end(pids: dict[str, int]) -> None:
+    for pid in pids.values():
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)  # each daemon leads its own session, workers included
+    deadline = time.monotonic() + _STOP_S
+    while any(_alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in pids.values():
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def stop(root: Path) -> bool:
+    """Stop the server under root, keeping its data; False if none was running."""
+    state = root / STATE
+    if not state.is_file():
+        return False
+    server = Running(**json.loads(state.read_text()))
+    _end(server.pids)
+    state.unlink()
+    return True
+
+
+@contextlib.contextmanager
+def local_server(root: Path, port: int = 0) -> Iterator[Running]:
+    """A server for the duration of a block (a test's), ended with it or with this process."""
+    server = start(root, port, detached=False)
+    try:
+        yield server
+    finally:
+        stop(root)
+
+
+def _describe(server: Running) -> str:
+    keys = " ".join(server.overrides())
+    credentials = " ".join(f"{name}={value}" for name, value in server.environment().items())
+    cache = "" if server.memcached else " (without memcached: slower)"
+    return (
+        f"local object server at {server.endpoint}{cache}, data in {server.root}\n"
+        f"credentials:  export {credentials}\n"
+        f"runs:         python train.py {keys}\n"
+        f"upload:       python prepare.py {keys}\n"
+        f"stop:         python -m facebench.storage.server stop"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m facebench.storage.server", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("action", choices=["start", "stop", "status"])
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="the S3 endpoint's port")
+    parser.add_argument("--root", default="", help="where its data live (.cache/s3server/)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    root = server_root(args.root)
+    try:
+        if args.action == "start":
+            log.info("%s", _describe(start(root, args.port)))
+        elif args.action == "stop":
+            log.info("stopped; the data stay in %s" if stop(root) else "not running (%s)", root)
+        else:
+            server = running(root)
+            if server is None:
+                log.info("not running (%s)", root)
+                return 1
+            log.info("%s", _describe(server))
+    except StorageError as error:
+        log.error("%s", error)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
