@@ -1,4 +1,4 @@
 """The two face datasets in their real layouts, their labels, and the synthetic stand-in.
 
-May import: host, stages, config, errors.
+May import: storage, host, stages, config, errors.
 """

@@ -17,10 +17,13 @@ import io
 
 from PIL import Image, UnidentifiedImageError
 
+from facebench import stages
 from facebench.config import DataConfig
 from facebench.data.sources import CELEBA
 from facebench.errors import DataError
 from facebench.host.printable import printable
+from facebench.storage import client
+from facebench.storage.address import in_bucket
 
 # CelebA's aligned faces are framed more loosely than DigiFace1M's: this 128x128 box
 # (left, top, right, bottom) brings them to a similar crop, as the article did.
@@ -94,7 +97,13 @@ def bad_image(path: str, error: Exception) -> BadImage:
 
 
 def read_file(path: str) -> bytes:
-    """A sample's file, whole."""
+    """A sample's file, whole: a local file, or an object (one GET, counted with the batch)."""
+    if in_bucket(path):
+        reply = client.get(path)
+        stages.fetched(
+            len(reply.data), reply.latency_ns, reply.first_byte_ns, reply.retries, reply.throttled
+        )
+        return reply.data
     try:
         with open(path, "rb") as file:
             data = file.read()
@@ -112,6 +121,19 @@ def read_file(path: str) -> bytes:
             raise  # the process's open files, not this file: loaders/failures.py explains it
         raise bad_image(path, error) from None
     return data
+
+
+def read_files(paths: list[str]) -> list[bytes]:
+    """Several samples' files, in order: objects with several GETs in flight (storage's
+    requests_per_worker), local files one after another."""
+    if not paths or not in_bucket(paths[0]):
+        return [read_file(path) for path in paths]
+    replies = client.get_many(paths)
+    for reply in replies:
+        stages.fetched(
+            len(reply.data), reply.latency_ns, reply.first_byte_ns, reply.retries, reply.throttled
+        )
+    return [reply.data for reply in replies]
 
 
 def open_sample(path: str, source: str) -> Image.Image:

@@ -55,10 +55,16 @@ def celeba_identities(root: str | os.PathLike) -> list[tuple[str, int]]:
     labels_path = celeba / CELEBA_LABELS
     if not labels_path.is_file():
         raise DataError(f"{labels_path}: CelebA label file not found")
+    return parse_identities(labels_path.read_bytes(), str(labels_path))
+
+
+def parse_identities(data: bytes, labels_path: str) -> list[tuple[str, int]]:
+    """identity_CelebA.txt's lines, as celeba_identities reads them, from its bytes (a local
+    file's or an object's); `labels_path` names it in errors."""
     entries: list[tuple[str, int]] = []
     seen: dict[str, int] = {}
     try:
-        text = labels_path.read_text(encoding="utf-8-sig")  # a byte-order mark is tolerated
+        text = data.decode("utf-8-sig")  # a byte-order mark is tolerated
     except UnicodeDecodeError as error:
         raise DataError(
             f"{labels_path}: not UTF-8 text (byte {error.start}); is this the right file?"

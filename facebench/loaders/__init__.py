@@ -6,7 +6,7 @@ traits, and what it needs before the clock (the shard format it reads, or its ow
 Adding a loader is one module here and one YAML file in conf/loader/ whose defaults list names
 `<module>_schema`; a loader kept elsewhere (a plugin, a test's) is added with `register`.
 
-May import: shards, data, host, stages, results, config, errors.
+May import: shards, data, storage, host, stages, results, config, errors.
 """
 
 from __future__ import annotations

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import ConcatDataset, Dataset
 
+from facebench import stages
 from facebench.config import Decoder, LoaderConfig
+from facebench.data.images import read_files
 from facebench.data.records import Record
 from facebench.loaders import shared
 from facebench.loaders.decoding import DecodeStage
@@ -32,6 +34,7 @@ from facebench.loaders.shared import (
     data_loader,
 )
 from facebench.loaders.spec import LoaderSpec, decoder_traits
+from facebench.storage.address import in_bucket
 
 
 @dataclass
@@ -56,6 +59,24 @@ class RecordDataset(Dataset):
         return self.stage.from_file(record), record.label, self.first_id + index
 
 
+class BucketDataset(RecordDataset):
+    """Every sample of data in a bucket, by its canonical position. DataLoader asks for a
+    batch's indices at once (`__getitems__`), so that each worker keeps
+    storage.requests_per_worker GETs in flight: what users do for object stores
+    (pytorch#158218), where one GET at a time leaves a worker waiting out each latency."""
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor, int, int]]:
+        start = stages.now()
+        datas = read_files([self.records[index].path for index in indices])
+        stages.lap(stages.READ, start)
+        samples = []
+        for index, data in zip(indices, datas, strict=True):
+            record = self.records[index]
+            sample = self.stage.sample(data, record.source, record.path)
+            samples.append((sample, record.label, index))
+        return samples
+
+
 def worker_memory(ctx: LoaderContext) -> int:
     return shared.worker_memory(ctx, normalized=DecodeStage.of(ctx).normalized)
 
@@ -64,11 +85,14 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
     # One Dataset per source (CelebA, DigiFace1M; or the folder's), in canonical order.
     parts: list[RecordDataset] = []
     stage = DecodeStage.of(ctx)
+    collate = collate_samples if stage.normalized else CollateUint8(ctx.plan)
+    sampler = PlanSampler(ctx.plan)
+    if ctx.records and in_bucket(ctx.records[0].path):
+        return data_loader(BucketDataset(ctx.records, stage), ctx, sampler=sampler, collate=collate)
     for _, records in itertools.groupby(ctx.records, key=lambda record: record.source):
         first_id = sum(len(part) for part in parts)
         parts.append(RecordDataset(list(records), stage, first_id))
-    collate = collate_samples if stage.normalized else CollateUint8(ctx.plan)
-    return data_loader(ConcatDataset(parts), ctx, sampler=PlanSampler(ctx.plan), collate=collate)
+    return data_loader(ConcatDataset(parts), ctx, sampler=sampler, collate=collate)
 
 
 LOADER = LoaderSpec(
@@ -76,4 +100,5 @@ LOADER = LoaderSpec(
     build=build,
     worker_memory=worker_memory,
     traits=decoder_traits(),
+    bucket_refusal=None,
 )

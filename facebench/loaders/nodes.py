@@ -250,4 +250,5 @@ LOADER = LoaderSpec(
     # max_concurrent), whatever prefetch_factor says; its Prefetcher holds prefetch_factor more.
     ready_per_worker=lambda options: 2,
     received_ahead=lambda options: options.prefetch_factor,
+    bucket_refusal=None,
 )

@@ -149,4 +149,5 @@ LOADER = LoaderSpec(
     worker_memory=worker_memory,
     traits=decoder_traits(Workers.thread),
     requires=Requirement("spdl.pipeline", "spdl"),
+    bucket_refusal=None,
 )

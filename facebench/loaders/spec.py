@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from facebench.config import LoaderConfig, Workers
+from facebench.errors import ConfigError
 from facebench.host.extras import Requirement
 from facebench.loaders.shardsets import ensure_loader_shards, shard_files
 from facebench.loaders.shared import Batch, LoaderContext
+from facebench.storage.address import in_bucket
 
 
 class Handover(StrEnum):
@@ -81,6 +83,9 @@ class LoaderSpec:
     # (checked against its free space first). False for Ray's workers: Ray's object store
     # checks /dev/shm itself and goes to /tmp where it is too small.
     through_shared_memory: bool = True
+    # Whether it reads its data from a bucket (storage=s3), and if not, why not: None where it
+    # does, else the reason storage=s3 is refused for it, in a few words.
+    bucket_refusal: str | None = "it does not read from a bucket yet"
 
     def traits_for(self, options: LoaderConfig | None = None) -> Traits:
         """Its traits with these options (its defaults when none are given)."""
@@ -95,6 +100,14 @@ class LoaderSpec:
         """Refuse, with the install command, when its package is missing."""
         if self.requires is not None:
             self.requires.require(f"loader={name}")
+
+    def check_storage(self, storage: str, name: str) -> None:
+        """Refuse, in one line and before any request, a storage it cannot read."""
+        if storage != "local" and self.bucket_refusal is not None:
+            raise ConfigError(
+                f"{name} with storage={storage}: {self.bucket_refusal}. The loaders that read "
+                'from a bucket are listed in docs/loaders.md ("Data in a bucket")'
+            )
 
     def set_up_job(self, ctx: LoaderContext) -> dict[str, float]:
         """Its preparation, once per job, outside the clock: by default, build its shards if
@@ -115,7 +128,8 @@ class LoaderSpec:
             return []
         if self.shard_format is not None:
             return shard_files(ctx)
-        return [record.path for record in ctx.records]
+        # Objects in a bucket have no page cache here to warm, evict or inspect.
+        return [record.path for record in ctx.records if not in_bucket(record.path)]
 
 
 def decoder_traits(workers: Workers = Workers.process) -> Callable[[LoaderConfig], Traits]:

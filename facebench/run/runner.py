@@ -6,6 +6,7 @@ config -> records -> loader -> epoch loop -> meter -> tracker (MLflow and result
 from __future__ import annotations
 
 import logging
+import posixpath
 import random
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -109,9 +110,11 @@ def _get_ready(cfg: TrainConfig, job: Job, results: JobResults, service: ExitSta
     for the job (Ray's cluster) started, in `service`."""
     try:
         _seed_everything(cfg.seed)
+        loader = loaders.get(cfg.loader.name)
+        loader.check_storage(cfg.storage.name, f"loader={cfg.loader.name}")
         data = list_data(cfg, job.world)
         results.metrics.update(data.metrics())
-        loader = loaders.get(cfg.loader.name)
+        results.tags.update(data.storage_tags)
         ctx = loaders.context(cfg, loader, data.listing, job.device, job.world)
         held = batches_held(job.device, cfg.host_only or job.accelerator is not None)
         results.metrics.update(loaders.set_up(cfg, loader, ctx, job.world, loop_holds=held))
@@ -190,14 +193,20 @@ def _run(cfg: TrainConfig, job: Job, tracker: Tracker, results: JobResults, read
     else:
         host_only = " (host only)" if cfg.host_only else ""
         consumer = f"model={cfg.model}{host_only}, {job.precision.name} on {job.device}"
+    # Objects in a bucket have no page cache here: the GETs go to the endpoint every epoch.
+    where = (
+        f"cache={cfg.cache}"
+        if cfg.storage.name == "local"
+        else f"from {data.storage_tags['storage_endpoint']}"
+    )
     log.info(
-        "data %s (%d samples, %d classes), loader=%s, %s, cache=%s",
+        "data %s (%d samples, %d classes), loader=%s, %s, %s",
         ctx.data_root,
         len(ctx.records),
         labels.n_classes,
         cfg.loader.name,
         consumer,
-        cfg.cache,
+        where,
     )
     per_epoch = measure(cfg, job, loader, ctx, trainer, tracker, results.epochs)
     summary = summarise(per_epoch)
@@ -211,15 +220,16 @@ def _run(cfg: TrainConfig, job: Job, tracker: Tracker, results: JobResults, read
         log.warning("on_bad_sample=skip: %d samples were left out (samples_skipped)", data.skipped)
 
 
-def data_label(cfg: TrainConfig, root: Path, n_samples: int) -> str:
-    """'synthetic 6,000', 'synthetic folder 10,000', 'folder mine 3,000': the data set a run
-    read, so that runs on different sets with the same name are told apart."""
+def data_label(cfg: TrainConfig, root: Path | str, n_samples: int) -> str:
+    """'synthetic 6,000', 'synthetic folder 10,000', 'folder mine 3,000', 'synthetic 6,000 (s3)':
+    the data set a run read, so that runs on different sets with the same name are told apart."""
     name = cfg.data.name
     if name == "folder":
-        name = f"folder {root.name}"
+        name = f"folder {posixpath.basename(str(root).rstrip('/'))}"
     elif name == "synthetic" and cfg.data.layout != "faces":
         name = f"synthetic {cfg.data.layout}"
-    return f"{name} {n_samples:,}"
+    where = " (s3)" if cfg.storage.name == "s3" else ""
+    return f"{name} {n_samples:,}{where}"
 
 
 def _seed_everything(seed: int) -> None:

@@ -4,5 +4,5 @@ A shard set is a folder of shard files plus `manifest.json`, written last. The m
 shard with its sample count, size and sha256, and fingerprints the source files and the settings
 that produced them; without a complete manifest a folder is not a shard set.
 
-May import: data, host, results, stages, config, errors.
+May import: data, storage, host, results, stages, config, errors.
 """

@@ -13,6 +13,10 @@ from facebench.host.paths import cache_dir, shards_root
 from facebench.results import write_results
 from facebench.shards import formats
 from facebench.shards.build import ShardSet, ensure_shards
+from facebench.storage import client
+from facebench.storage.address import parse
+from facebench.storage.credentials import credentials_source
+from facebench.storage.sync import upload_tree
 
 log = logging.getLogger(__name__)
 
@@ -22,8 +26,11 @@ def run_prepare(
     output_dir: Path | None = None,
     sweep_id: str | None = None,
     multirun: bool = False,
-) -> ShardSet:
-    """Build the shards for the configured data, or say they are up to date."""
+) -> ShardSet | None:
+    """Build the shards for the configured data, or say they are up to date; with storage=s3,
+    upload the data set to the bucket instead."""
+    if cfg.storage.name == "s3":
+        return _upload(cfg, output_dir)
     shard_format = formats.get(cfg.format)
     if shard_format.requires is not None:
         shard_format.requires.require(f"format={cfg.format}")
@@ -72,3 +79,45 @@ def run_prepare(
             },
         )
     return shard_set
+
+
+def _upload(cfg: PrepareConfig, output_dir: Path | None) -> None:
+    """prepare.py storage=s3: the data set (the synthetic one generated first) uploaded under
+    storage.url, in its layout, resumably."""
+    endpoint = client.Endpoint.of(cfg.storage)
+    source = credentials_source(endpoint.profile)
+    client.configure(endpoint)
+    address = parse(cfg.storage.url)
+    set_max_pixels(cfg.data.max_pixels)
+    root = data_root(cfg.data, n_procs=max(cfg.n_workers, 1))
+    log.info("uploading %s to %s at %s (credentials from %s)", root, address, endpoint.host, source)
+    try:
+        done = upload_tree(root, address)
+    except BaseException as error:
+        stop = interruption(error)
+        if stop is None:
+            raise
+        outcome = f"objects sent so far stay in {address}; the next prepare.py storage=s3 resumes"
+        raise Interrupted.of(stop, outcome) from error
+    if done.sent:
+        log.info(
+            "uploaded %d of %d files (%.1f MB) to %s in %.1f s",
+            done.sent, done.files, done.bytes_sent / 1e6, address, done.seconds,
+        )  # fmt: skip
+    else:
+        log.info("%s is up to date: all %d files are there", address, done.files)
+    log.info(
+        "shards are built and read from local folders (prepare.py without storage=s3); the "
+        "loaders that read this bucket are listed in docs/loaders.md"
+    )
+    if output_dir is not None:
+        write_results(
+            output_dir / "results.json",
+            {
+                "storage_url": str(address),
+                "uploaded_files": done.sent,
+                "files": done.files,
+                "uploaded_bytes": done.bytes_sent,
+                "upload_s": done.seconds,
+            },
+        )

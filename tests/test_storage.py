@@ -1,0 +1,401 @@
+"""Data in a bucket, against a real S3-compatible server (Swift with s3api, started here): the
+upload's resume and ownership rules, the same samples, labels and pixels as from the local
+folder for every loader that reads a bucket, the request metrics, and each fault in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from facebench import loaders, stages
+from facebench.data.listing import list_bucket_usable, list_usable
+from facebench.data.location import data_layout
+from facebench.errors import ConfigError, DataError, StorageError
+from facebench.fetches import Fetches, bucket, bucket_top_ms, percentile_ms
+from facebench.host.distributed import whole_job
+from facebench.host.paths import PROJECT_ROOT, cache_dir
+from facebench.run.runner import run_training
+from facebench.storage import client, server
+from facebench.storage.address import Address, parse
+from facebench.storage.sync import MANIFEST, upload_tree
+from tests.helpers import FAST_LOADERS, assert_same_samples, delivered, expected
+
+pytest.importorskip("swift", reason="the local object server needs pip install -e '.[s3server]'")
+
+# The loaders that read a bucket; the fast subset runs the article's.
+BUCKET_LOADERS = [
+    name if name in FAST_LOADERS else pytest.param(name, marks=pytest.mark.slow)
+    for name in loaders.names(real_only=True)
+    if loaders.get(name).bucket_refusal is None
+]
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[server.Running]:
+    """A local object server for this module, its credentials in the environment, and a bucket."""
+    root = tmp_path_factory.mktemp("s3server")
+    saved = {name: os.environ.get(name) for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    with server.local_server(root) as running:
+        os.environ.update(running.environment())
+        client.configure(client.Endpoint(running.endpoint, server.REGION, True))
+        try:
+            yield running
+        finally:
+            client.configure(None)
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+@pytest.fixture(autouse=True)
+def endpoint(s3: server.Running) -> Iterator[client.Endpoint]:
+    """Each test starts with the client pointed at the module's server."""
+    os.environ.update(s3.environment())
+    pointed = client.Endpoint(s3.endpoint, server.REGION, True)
+    client.configure(pointed)
+    yield pointed
+    client.configure(None)
+
+
+@pytest.fixture(scope="module")
+def uploaded(s3: server.Running, synthetic_root: Path) -> str:
+    """The 120-image synthetic set under s3://facebench/syn120."""
+    client.configure(client.Endpoint(s3.endpoint, server.REGION, True))
+    upload_tree(synthetic_root, parse("s3://facebench/syn120"))
+    return "s3://facebench/syn120"
+
+
+def listed(url: str) -> dict[str, tuple[int, str]]:
+    return {entry.key: (entry.size, entry.etag) for entry in client.list_objects(parse(url))}
+
+
+def test_addresses() -> None:
+    address = parse("s3://bucket/some/prefix/")
+    assert address == Address("bucket", "some/prefix")
+    assert address.prefix == "some/prefix/"
+    assert str(address.child("CelebA", "x.jpg")) == "s3://bucket/some/prefix/CelebA/x.jpg"
+    assert parse("s3://bucket").prefix == ""
+    assert str(parse("s3://bucket").child("a")) == "s3://bucket/a"
+
+
+def test_latency_percentiles_within_a_bucket() -> None:
+    fetches = Fetches()
+    for ms in range(1, 101):  # 1 .. 100 ms, one request each
+        fetches.add_get(1000, ms * 1_000_000, ms * 500_000, 0, 0)
+    more = Fetches()
+    more.add_get(10, 5_000_000_000, 1_000_000, 2, 1)  # one slow request, retried twice
+    fetches.add(more)
+    metrics = fetches.metrics(epoch_time_s=2.0)
+    assert metrics["storage_requests"] == 101
+    assert metrics["storage_retries"] == 2 and metrics["storage_throttled"] == 1
+    assert metrics["storage_requests_per_s"] == pytest.approx(50.5)
+    # A percentile is its bucket's top: within 20% above the true value.
+    assert 51 <= metrics["storage_get_p50_ms"] <= 51 * 1.2  # the 51st of 101
+    assert 99 <= metrics["storage_get_p99_ms"] <= 100 * 1.2
+    assert 25 <= metrics["storage_ttfb_p50_ms"] <= 25 * 1.2
+    assert percentile_ms([0] * 10, 0.5) is None
+    assert bucket_top_ms(bucket(3_000_000)) >= 3.0
+    assert Fetches().metrics(1.0) == {}
+
+
+def test_server_keeps_its_data_across_restarts(tmp_path: Path) -> None:
+    root = tmp_path / "server"
+    first = server.start(root, port=0, detached=False)
+    try:
+        assert server.running(root) == first
+        again = server.start(root, port=0, detached=False)  # already running: the same one
+        assert again.pids == first.pids
+    finally:
+        assert server.stop(root)
+    assert server.running(root) is None
+    assert not any(server._alive(pid) for pid in first.pids.values())
+    assert not server.stop(root)  # nothing left to stop
+
+
+def test_bucket_lists_the_same_samples_as_the_folder(
+    uploaded: str, synthetic_root: Path, cache: Path
+) -> None:
+    local = list_usable(synthetic_root, "raise", cache)
+    remote = list_bucket_usable(parse(uploaded), "raise", cache)
+    assert len(remote.records) == len(local.records) == 120
+    assert remote.labels == local.labels
+    for here, there in zip(local.records, remote.records, strict=True):
+        relative = os.path.relpath(here.path, synthetic_root)
+        assert there.path == f"{uploaded}/{relative}"
+        assert (there.label, there.source) == (here.label, here.source)
+
+
+def test_folder_layout_from_a_bucket(
+    s3: server.Running, tmp_path: Path, cache: Path, make_cfg
+) -> None:
+    classes = tmp_path / "classes"
+    for name, count in (("b", 2), ("a", 3)):
+        (classes / name / "sub").mkdir(parents=True)
+        for number in range(count):
+            place = classes / name / ("sub" if number == 2 else "") / f"{number}.png"
+            Image.new("RGB", (8, 8), (number * 40, 0, 0)).save(place)
+    (classes / "notes.txt").write_text("not an image")
+    upload_tree(classes, parse("s3://facebench/classes"))
+    cfg = make_cfg("data=folder", f"data.root={classes}")
+    local = list_usable(classes, "raise", cache, layout=data_layout(cfg.data))
+    remote = list_bucket_usable(
+        parse("s3://facebench/classes"), "raise", cache, layout=data_layout(cfg.data)
+    )
+    assert remote.labels.classes == local.labels.classes == ("a", "b")
+    assert [os.path.relpath(r.path, classes) for r in local.records] == [
+        r.path.removeprefix("s3://facebench/classes/") for r in remote.records
+    ]
+    assert [r.label for r in remote.records] == [r.label for r in local.records]
+
+
+@pytest.mark.parametrize("name", BUCKET_LOADERS)
+@pytest.mark.parametrize("n_workers", [0, 2])
+def test_loader_reads_the_bucket_exactly_once(
+    name: str, n_workers: int, s3: server.Running, uploaded: str, synthetic_root: Path, make_cfg
+) -> None:
+    cfg = make_cfg(
+        f"loader={name}", f"n_workers={n_workers}", "loader.crop=center", *s3.overrides(uploaded)
+    )
+    client.configure(client.Endpoint.of(cfg.storage))
+    listing = list_bucket_usable(parse(uploaded), "raise", cache_dir(cfg.data.cache_dir))
+    spec = loaders.get(name)
+    ctx = loaders.context(cfg, spec, listing, torch.device("cpu"), None)
+    totals = stages.begin_epoch(True)
+    batches = []
+    for batch in spec.build(ctx):
+        totals.add_batch(batch.stages)
+        batches.append(batch)
+    seen = delivered(batches)
+    assert sorted(seen) == list(range(len(listing.records)))  # every sample, once
+    assert_same_samples(
+        seen, expected(synthetic_root), atol=1e-5 if name != "spdl" else 4 / 255 / 0.225
+    )
+    # Every image was one GET, counted with the batches, whichever process made it.
+    sizes = listed(uploaded)
+    assert totals.fetches.requests == len(listing.records)
+    assert totals.fetches.bytes == sum(
+        sizes[r.path.removeprefix(f"{uploaded}/")][0] for r in listing.records
+    )
+
+
+def test_run_records_requests_and_where_the_data_came_from(
+    s3: server.Running, uploaded: str, make_cfg, tmp_path: Path
+) -> None:
+    cfg = make_cfg("loader=dataset", "n_workers=2", "batch_size=20", *s3.overrides(uploaded))
+    run_training(cfg, output_dir=tmp_path)
+    results = (tmp_path / "results.json").read_text()
+    recorded = json.loads(results)
+    epoch = recorded["epochs"][0]
+    assert epoch["storage_requests"] == 120
+    assert epoch["storage_get_p50_ms"] > 0 and epoch["storage_mb_per_s"] > 0
+    tags = recorded["tags"]
+    assert tags["storage_endpoint"] == s3.endpoint.removeprefix("http://")
+    assert (tags["storage_bucket"], tags["storage_prefix"]) == ("facebench", "syn120")
+    assert tags["storage_credentials_from"] == "env"
+    assert server.SECRET_KEY not in results  # never the credentials
+
+
+def test_upload_resumes_and_leaves_no_manifest_for_missing_objects(
+    s3: server.Running, synthetic_root: Path
+) -> None:
+    target = parse("s3://facebench/resume")
+    first = upload_tree(synthetic_root, target)
+    assert first.sent == first.files and MANIFEST in listed(str(target))
+    again = upload_tree(synthetic_root, target)
+    assert again.sent == 0  # everything is there: nothing sent
+    gone = sorted(listed(str(target)))[:3]
+    for key in gone:
+        client.delete(str(target.child(key)))
+    resumed = upload_tree(synthetic_root, target)
+    assert resumed.sent == 3 and set(gone) <= set(listed(str(target)))
+
+
+def test_upload_never_overwrites_what_facebench_did_not_write(
+    s3: server.Running, synthetic_root: Path
+) -> None:
+    target = parse("s3://facebench/theirs")
+    label_key = "CelebA/identity_CelebA.txt"
+    client._client("boto").put_object(
+        Bucket="facebench", Key=f"theirs/{label_key}", Body=b"someone else's"
+    )
+    with pytest.raises(
+        StorageError, match=r"theirs/CelebA/identity_CelebA.txt: an object facebench did not write"
+    ):
+        upload_tree(synthetic_root, target)
+    assert set(listed(str(target))) == {label_key}  # nothing was written
+    assert client.read(str(target.child(label_key))) == b"someone else's"
+
+
+@pytest.mark.slow
+def test_upload_killed_then_restarted(s3: server.Running, tmp_path: Path, cache: Path) -> None:
+    url = "s3://facebench/killed"
+    data = [f"data.cache_dir={cache}", "data.n_images=600"]
+    command = [sys.executable, "prepare.py", *s3.overrides(url), *data, f"hydra.run.dir={tmp_path}"]
+    env = {**os.environ, **s3.environment()}
+    process = subprocess.Popen(
+        command, cwd=PROJECT_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 120
+    while len(listed(url)) < 50 and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    cut = listed(url)
+    assert 50 <= len(cut) < 601, "the upload was not cut short"
+    assert MANIFEST not in cut  # nothing vouches for the objects not sent
+    done = subprocess.run(
+        command, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    complete = listed(url)
+    assert MANIFEST in complete and len(complete) == 601 + 1
+
+
+def test_refusals_before_any_run(
+    s3: server.Running, uploaded: str, make_cfg, tmp_path: Path
+) -> None:
+    with pytest.raises(DataError, match=r"s3://facebench/nothing: no objects under this prefix"):
+        run_training(make_cfg(*s3.overrides("s3://facebench/nothing")), output_dir=tmp_path)
+    with pytest.raises(StorageError, match=r"s3://nobucket: no such bucket at 127.0.0.1:\d+"):
+        run_training(make_cfg(*s3.overrides("s3://nobucket/x")), output_dir=tmp_path)
+    with pytest.raises(
+        ConfigError, match=r"loader=datapipe with storage=s3: it does not read from a bucket"
+    ):
+        run_training(make_cfg("loader=datapipe", *s3.overrides(uploaded)), output_dir=tmp_path)
+    os.environ["AWS_SECRET_ACCESS_KEY"] = "wrong"
+    client._clients.clear()
+    try:
+        with pytest.raises(
+            StorageError, match=r"refused the credentials .*Check AWS_ACCESS_KEY_ID"
+        ):
+            run_training(make_cfg(*s3.overrides(uploaded)), output_dir=tmp_path)
+    finally:
+        os.environ.update(s3.environment())
+        client._clients.clear()
+    with pytest.raises(ConfigError, match=r"storage.url=s3://Bad_Bucket: give the data's place"):
+        make_cfg("storage=s3", "storage.url=s3://Bad_Bucket")
+
+
+def test_an_endpoint_that_does_not_answer_costs_a_bounded_wait(
+    s3: server.Running, uploaded: str, make_cfg, tmp_path: Path
+) -> None:
+    dead = f"http://127.0.0.1:{server.free_port()}"
+    cfg = make_cfg(*s3.overrides(uploaded), f"storage.endpoint={dead}")
+    started = time.monotonic()
+    with pytest.raises(
+        StorageError, match=r"did not answer for s3://facebench/syn120 after 3 attempts"
+    ):
+        run_training(cfg, output_dir=tmp_path)
+    assert time.monotonic() - started < 30
+
+
+def test_an_object_gone_after_the_listing_is_named(
+    s3: server.Running, synthetic_root: Path, make_cfg, tmp_path: Path
+) -> None:
+    url = "s3://facebench/vanishing"
+    upload_tree(synthetic_root, parse(url))
+    cfg = make_cfg(*s3.overrides(url), "n_workers=2")
+    client.configure(client.Endpoint.of(cfg.storage))
+    listing = list_bucket_usable(parse(url), "raise", cache_dir(cfg.data.cache_dir))
+    victim = listing.records[77].path
+    client.delete(victim)  # after the listing, before the epoch: as if deleted mid-epoch
+    spec = loaders.get("dataset")
+    ctx = loaders.context(cfg, spec, listing, torch.device("cpu"), None)
+    with pytest.raises(StorageError, match=rf"{victim}: no such object"):
+        for _ in spec.build(ctx):
+            pass
+
+
+class _Throttling:
+    """A client whose first answers are 503 SlowDown (for the retry path's unit test only)."""
+
+    def __init__(self, refusals: int, data: bytes) -> None:
+        self.refusals, self.data = refusals, data
+
+    def get_object(self, bucket: str, key: str):
+        from s3torchconnectorclient import S3Exception
+
+        if self.refusals > 0:
+            self.refusals -= 1
+            raise S3Exception("Service error: Please reduce your request rate.")
+        import io
+
+        return io.BytesIO(self.data)
+
+
+def test_503s_are_retried_and_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(client, "_BACKOFF_S", 0.001)
+    monkeypatch.setattr(client, "_client", lambda kind: _Throttling(2, b"image"))
+    reply = client.get("s3://facebench/a.png")
+    assert (reply.data, reply.retries, reply.throttled) == (b"image", 2, 2)
+    monkeypatch.setattr(client, "_client", lambda kind: _Throttling(3, b"image"))
+    with pytest.raises(
+        StorageError, match=r"s3://facebench/a.png: .* answered 503 SlowDown to all 3 attempts"
+    ):
+        client.get("s3://facebench/a.png")
+
+
+def test_labels_in_a_bucket_are_checked_as_a_local_file(
+    s3: server.Running, tree_factory, cache: Path
+) -> None:
+    root = tree_factory(
+        celeba={"000001.jpg": 1}, digiface={0: 1}, label_text="000001.jpg 1\n000001.jpg 2\n"
+    )
+    upload_tree(root, parse("s3://facebench/badlabels"))
+    with pytest.raises(
+        DataError,
+        match=r"s3://facebench/badlabels/CelebA/identity_CelebA.txt:2: 000001.jpg is listed again",
+    ):
+        list_bucket_usable(parse("s3://facebench/badlabels"), "raise", cache)
+
+
+def test_ranks_storage_metrics_merge() -> None:
+    common = {"samples_seen": 60.0, "compute_s": 0.1, "time_to_first_batch_s": 0.1}
+    common |= {"data_wait_s": 0.5, "data_wait_frac": 0.5}
+    ranks = [
+        {**common, "epoch_time_s": 1.0, "storage_requests": 60.0, "storage_bytes": 6e6},
+        {**common, "epoch_time_s": 2.0, "storage_requests": 60.0, "storage_bytes": 4e6},
+    ]
+    ranks[0] |= {"storage_retries": 1.0, "storage_get_p99_ms": 30.0}
+    ranks[1] |= {"storage_retries": 2.0, "storage_get_p99_ms": 80.0}
+    merged = whole_job(ranks)
+    assert merged["storage_requests"] == 120 and merged["storage_retries"] == 3
+    assert merged["storage_requests_per_s"] == pytest.approx(60.0)  # over the slowest rank's 2 s
+    assert merged["storage_mb_per_s"] == pytest.approx(5.0)
+    assert merged["storage_get_p99_ms"] == 80.0
+
+
+@pytest.mark.slow
+def test_two_ranks_read_the_bucket_exactly_once(
+    s3: server.Running, uploaded: str, cache: Path, tmp_path: Path
+) -> None:
+    overrides = [
+        *s3.overrides(uploaded), f"data.cache_dir={cache}", "data.n_images=120",
+        "loader=dataset", "accelerator=h100", "accelerators_per_host=2", "n_workers=1",
+        "batch_size=10", "tracking=false", f"hydra.run.dir={tmp_path}",
+    ]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "train.py", *overrides],
+        cwd=PROJECT_ROOT,
+        env={**os.environ, **s3.environment()},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    epoch = json.loads((tmp_path / "results.json").read_text())["epochs"][0]
+    assert epoch["world_size"] == 2
+    assert epoch["samples_unique"] == epoch["samples_seen"] == 120
+    assert epoch["storage_requests"] == 120  # both ranks' GETs, each image once
