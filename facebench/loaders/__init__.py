@@ -36,11 +36,13 @@ CONFIGS = PROJECT_ROOT / "conf" / "loader"
 _registered: dict[str, LoaderSpec] = {}
 
 
-def names(real_only: bool = False) -> list[str]:
+def names(real_only: bool = False, storage: str = "local") -> list[str]:
     """Every loader (conf/loader/ and registered ones); real_only: those that read real samples
-    (not the compute ceiling)."""
+    (not the compute ceiling) from `storage` (local: this machine's files; s3: a bucket)."""
     every = sorted({path.stem for path in CONFIGS.glob("*.yaml")} | set(_registered))
-    return [name for name in every if not (real_only and get(name).ceiling)]
+    if not real_only:
+        return every
+    return [name for name in every if not get(name).ceiling and get(name).reads(storage)]
 
 
 def get(name: str) -> LoaderSpec:

@@ -86,6 +86,8 @@ class LoaderSpec:
     # Whether it reads its data from a bucket (storage=s3), and if not, why not: None where it
     # does, else the reason storage=s3 is refused for it, in a few words.
     bucket_refusal: str | None = "it does not read from a bucket yet"
+    # Why it cannot read this machine's files (storage=local), where it cannot: None for most.
+    local_refusal: str | None = None
 
     def traits_for(self, options: LoaderConfig | None = None) -> Traits:
         """Its traits with these options (its defaults when none are given)."""
@@ -101,8 +103,15 @@ class LoaderSpec:
         if self.requires is not None:
             self.requires.require(f"loader={name}")
 
+    def reads(self, storage: str) -> bool:
+        """Whether it reads data from this storage (local, s3)."""
+        refusal = self.local_refusal if storage == "local" else self.bucket_refusal
+        return refusal is None
+
     def check_storage(self, storage: str, name: str) -> None:
         """Refuse, in one line and before any request, a storage it cannot read."""
+        if storage == "local" and self.local_refusal is not None:
+            raise ConfigError(f"{name} with storage=local: {self.local_refusal}")
         if storage != "local" and self.bucket_refusal is not None:
             raise ConfigError(
                 f"{name} with storage={storage}: {self.bucket_refusal}. The loaders that read "

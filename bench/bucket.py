@@ -1,0 +1,117 @@
+"""Every loader that reads a bucket, from the local object server and from the local folder, side
+by side: host side, images/s, and the bucket's requests/s, MB/s and GET latency.
+
+    python bench/bucket.py                       # 6,000 synthetic images, n_workers=2, 3 pairs
+    python bench/bucket.py --images 2000 --pairs 1 --loaders dataset
+
+The server (python -m facebench.storage.server's, on a free port, in a temporary folder) shares
+the machine's cores with the loader: its CPU time during each bucket run is read from its
+processes and stated beside the run, as cores busy over the epoch. Each loader runs once from
+each place to warm up, then `pairs` times alternated (folder, bucket). Table `bucket-loaders`.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+import psutil
+from common import Bench, generated_root, parser, run_train
+
+from facebench import loaders
+from facebench.data.synthetic import ensure_synthetic
+from facebench.host.paths import cache_dir
+from facebench.report.tables import markdown
+from facebench.storage import client, server
+from facebench.storage.address import parse
+from facebench.storage.sync import upload_tree
+
+BUCKET_LOADERS = loaders.names(real_only=True, storage="s3")
+
+
+def server_cpu_s(running: server.Running) -> float:
+    """CPU seconds the server's processes (and their children) have used so far."""
+    total = 0.0
+    for pid in running.pids.values():
+        try:
+            process = psutil.Process(pid)
+            for member in [process, *process.children(recursive=True)]:
+                times = member.cpu_times()
+                total += times.user + times.system
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
+def main() -> None:
+    arguments = parser(__doc__)
+    arguments.add_argument("--images", type=int, default=6000)
+    arguments.add_argument("--pairs", type=int, default=3)
+    arguments.add_argument("--workers", type=int, default=2)
+    arguments.add_argument("--batch-size", type=int, default=100)
+    arguments.add_argument("--loaders", nargs="*", default=BUCKET_LOADERS)
+    bench = Bench.start(arguments)
+    args = bench.args
+    ensure_synthetic(cache_dir(""), args.images, 0, n_procs=2)
+    root = generated_root(args.images)
+    common = [
+        f"data.n_images={args.images}", "model=none", "host_only=true",
+        f"n_workers={args.workers}", f"batch_size={args.batch_size}",
+    ]  # fmt: skip
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch, server.local_server(Path(scratch) / "s3") as s3:
+        os.environ.update(s3.environment())
+        client.configure(client.Endpoint(s3.endpoint, server.REGION, True))
+        url = f"s3://{server.BUCKET}/bench{args.images}"
+        upload_tree(root, parse(url))
+        places = {"folder": [], "bucket": s3.overrides(url)}
+        for name in args.loaders:
+            runs: dict[str, list[dict[str, float]]] = {"folder": [], "bucket": []}
+            cores: list[float] = []
+            for attempt in range(args.pairs + 1):
+                for place, keys in places.items():
+                    before = server_cpu_s(s3)
+                    metrics = run_train(scratch, [f"loader={name}", *common, *keys])
+                    epoch_s = metrics["epoch_time_s_median"]
+                    if place == "bucket":
+                        used = (server_cpu_s(s3) - before) / epoch_s
+                    if attempt == 0:
+                        continue  # the warm-up run
+                    runs[place].append(metrics)
+                    if place == "bucket":
+                        cores.append(used)
+            rows.append(_row(name, runs, cores))
+    header = [
+        "loader", "folder images/s", "bucket images/s", "bucket / folder", "requests/s",
+        "MB/s", "GET p50 / p99 ms", "server CPU, cores",
+    ]  # fmt: skip
+    details = (
+        f"{args.images:,} synthetic images, `model=none host_only=true n_workers={args.workers} "
+        f"batch_size={args.batch_size}`, each loader once from each place to warm up, then "
+        f"{args.pairs} pairs alternated (folder, bucket); medians; the local object server "
+        "(Swift with s3api, memcached) on the same two cores; nothing else ran"
+    )
+    body = markdown(header, rows)
+    bench.publish("bucket-loaders", bench.section("Loaders reading a bucket", details, body))
+
+
+def _row(name: str, runs: dict[str, list[dict[str, float]]], cores: list[float]) -> list[str]:
+    def median(place: str, key: str) -> float:
+        return statistics.median(run.get(key, float("nan")) for run in runs[place])
+
+    folder = median("folder", "images_per_s_median")
+    bucket = median("bucket", "images_per_s_median")
+    # Per-epoch storage metrics: the job's single epoch is in its results as itself.
+    requests = median("bucket", "storage_requests_per_s")
+    megabytes = median("bucket", "storage_mb_per_s")
+    p50, p99 = median("bucket", "storage_get_p50_ms"), median("bucket", "storage_get_p99_ms")
+    return [
+        name, f"{folder:,.0f}", f"{bucket:,.0f}", f"{bucket / folder:.2f}", f"{requests:,.0f}",
+        f"{megabytes:.1f}", f"{p50:.1f} / {p99:.1f}", f"{statistics.median(cores):.2f}",
+    ]  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
