@@ -398,3 +398,29 @@ def test_two_ranks_read_the_bucket_exactly_once(
     assert epoch["world_size"] == 2
     assert epoch["samples_unique"] == epoch["samples_seen"] == 120
     assert epoch["storage_requests"] == 120  # both ranks' GETs, each image once
+
+
+def test_a_server_stopped_mid_epoch_ends_the_epoch_in_one_line(
+    s3: server.Running, synthetic_root: Path, make_cfg, tmp_path: Path
+) -> None:
+    root = tmp_path / "second"
+    second = server.start(root, port=0, detached=False)
+    try:
+        client.configure(client.Endpoint(second.endpoint, server.REGION, True))
+        url = "s3://facebench/stopping"
+        upload_tree(synthetic_root, parse(url))
+        cfg = make_cfg(*second.overrides(url), "n_workers=2", "storage.requests_per_worker=2")
+        client.configure(client.Endpoint.of(cfg.storage))
+        listing = list_bucket_usable(parse(url), "raise", cache_dir(cfg.data.cache_dir))
+        spec = loaders.get("dataset")
+        ctx = loaders.context(cfg, spec, listing, torch.device("cpu"), None)
+        batches = iter(spec.build(ctx))
+        next(batches)
+        server.stop(root)
+        with pytest.raises(
+            StorageError, match=r"did not answer for s3://facebench/stopping/.* after 3"
+        ):
+            for _ in batches:
+                pass
+    finally:
+        server.stop(root)
