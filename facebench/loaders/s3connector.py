@@ -13,6 +13,7 @@ is counted in storage_* with its whole read as its latency (the library hides it
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -37,6 +38,9 @@ from facebench.loaders.shared import (
 )
 from facebench.loaders.spec import LoaderSpec, decoder_traits
 from facebench.storage import client
+
+# "Building S3MapDataset from_objects" at INFO, every epoch: the run's own lines say it.
+logging.getLogger("s3torchconnector").setLevel(logging.WARNING)
 
 
 @dataclass
