@@ -25,8 +25,9 @@ from facebench.fetches import Fetches, bucket, bucket_top_ms, percentile_ms
 from facebench.host.distributed import whole_job
 from facebench.host.paths import PROJECT_ROOT, cache_dir
 from facebench.run.runner import run_training
-from facebench.storage import client, server
+from facebench.storage import client, objects, server
 from facebench.storage.address import Address, parse
+from facebench.storage.daemons import alive
 from facebench.storage.sync import MANIFEST, upload_tree
 from tests.helpers import FAST_LOADERS, assert_same_samples, delivered, expected
 
@@ -77,7 +78,7 @@ def uploaded(s3: server.Running, synthetic_root: Path) -> str:
 
 
 def listed(url: str) -> dict[str, tuple[int, str]]:
-    return {entry.key: (entry.size, entry.etag) for entry in client.list_objects(parse(url))}
+    return {entry.key: (entry.size, entry.etag) for entry in objects.list_objects(parse(url))}
 
 
 def test_addresses() -> None:
@@ -119,7 +120,7 @@ def test_server_keeps_its_data_across_restarts(tmp_path: Path) -> None:
     finally:
         assert server.stop(root)
     assert server.running(root) is None
-    assert not any(server._alive(pid) for pid in first.pids.values())
+    assert not any(alive(pid) for pid in first.pids.values())
     assert not server.stop(root)  # nothing left to stop
 
 
@@ -216,7 +217,7 @@ def test_upload_resumes_and_leaves_no_manifest_for_missing_objects(
     assert again.sent == 0  # everything is there: nothing sent
     gone = sorted(listed(str(target)))[:3]
     for key in gone:
-        client.delete(str(target.child(key)))
+        objects.delete(str(target.child(key)))
     resumed = upload_tree(synthetic_root, target)
     assert resumed.sent == 3 and set(gone) <= set(listed(str(target)))
 
@@ -226,7 +227,7 @@ def test_upload_never_overwrites_what_facebench_did_not_write(
 ) -> None:
     target = parse("s3://facebench/theirs")
     label_key = "CelebA/identity_CelebA.txt"
-    client._client("boto").put_object(
+    client.make("boto").put_object(
         Bucket="facebench", Key=f"theirs/{label_key}", Body=b"someone else's"
     )
     with pytest.raises(
@@ -234,7 +235,7 @@ def test_upload_never_overwrites_what_facebench_did_not_write(
     ):
         upload_tree(synthetic_root, target)
     assert set(listed(str(target))) == {label_key}  # nothing was written
-    assert client.read(str(target.child(label_key))) == b"someone else's"
+    assert objects.read(str(target.child(label_key))) == b"someone else's"
 
 
 @pytest.mark.slow
@@ -309,7 +310,7 @@ def test_an_object_gone_after_the_listing_is_named(
     client.configure(client.Endpoint.of(cfg.storage))
     listing = list_bucket_usable(parse(url), "raise", cache_dir(cfg.data.cache_dir))
     victim = listing.records[77].path
-    client.delete(victim)  # after the listing, before the epoch: as if deleted mid-epoch
+    objects.delete(victim)  # after the listing, before the epoch: as if deleted mid-epoch
     spec = loaders.get("dataset")
     ctx = loaders.context(cfg, spec, listing, torch.device("cpu"), None)
     with pytest.raises(StorageError, match=rf"{victim}: no such object"):
@@ -336,10 +337,10 @@ class _Throttling:
 
 def test_503s_are_retried_and_counted(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(client, "_BACKOFF_S", 0.001)
-    monkeypatch.setattr(client, "_client", lambda kind: _Throttling(2, b"image"))
+    monkeypatch.setattr(client, "make", lambda kind: _Throttling(2, b"image"))
     reply = client.get("s3://facebench/a.png")
     assert (reply.data, reply.retries, reply.throttled) == (b"image", 2, 2)
-    monkeypatch.setattr(client, "_client", lambda kind: _Throttling(3, b"image"))
+    monkeypatch.setattr(client, "make", lambda kind: _Throttling(3, b"image"))
     with pytest.raises(
         StorageError, match=r"s3://facebench/a.png: .* answered 503 SlowDown to all 3 attempts"
     ):

@@ -30,7 +30,7 @@ from facebench.data.sources import (
     parse_identities,
 )
 from facebench.errors import DataError
-from facebench.storage import client
+from facebench.storage import objects
 from facebench.storage.address import Address
 
 log = logging.getLogger(__name__)
@@ -55,18 +55,18 @@ class BucketListing:
 
 
 def list_prefix(address: Address) -> BucketListing:
-    objects = {
+    found = {
         entry.key: (entry.size, entry.etag)
-        for entry in client.list_objects(address, log)
+        for entry in objects.list_objects(address, log)
         if not entry.key.startswith(_SHARDS)
     }
-    log.info("listed %s: %d objects", address, len(objects))
-    if not objects:
+    log.info("listed %s: %d objects", address, len(found))
+    if not found:
         raise DataError(
             f"{address}: no objects under this prefix. Check storage.url, or upload the data "
             "first: python prepare.py storage=s3 storage.url=..."
         )
-    return BucketListing(address, objects)
+    return BucketListing(address, found)
 
 
 def _faces(found: BucketListing) -> tuple[list[Record], LabelSpace]:
@@ -76,7 +76,7 @@ def _faces(found: BucketListing) -> tuple[list[Record], LabelSpace]:
             f"{found.url(labels_key)}: CelebA label file not found. The prefix must hold "
             "CelebA/ and DigiFace1M/ in the layout of docs/loaders.md (or use data.layout=folder)"
         )
-    identities = parse_identities(client.read(found.url(labels_key)), found.url(labels_key))
+    identities = parse_identities(objects.read(found.url(labels_key)), found.url(labels_key))
     digiface: list[tuple[int, str]] = []
     ignored = 0
     for key in found.objects:

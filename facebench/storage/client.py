@@ -1,4 +1,5 @@
-"""Talking to the bucket: each image's GET, and the listing, labels and uploads around them.
+"""Each image's GET from the bucket: the endpoint, this process's clients, retries, and the one
+line a failure ends in. (Listing, small reads and uploads: objects.py.)
 
 Per-image GETs go through AWS's CRT client (s3torchconnector's S3Client: the client users reach
 for first). Two were measured on one core against the local server, small objects: boto3 spent
@@ -21,20 +22,18 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from facebench.errors import StorageError
-from facebench.storage.address import Address, parse
+from facebench.storage.address import parse
 
 log = logging.getLogger(__name__)
 
 _BACKOFF_S = 0.1  # before the first retry; doubled before each next one
-_LIST_PAGE = 1000  # ListObjectsV2's largest page
-_PROGRESS_EVERY = 50  # pages (50,000 objects) between progress lines
 
 
 @dataclass(frozen=True)
@@ -96,7 +95,8 @@ def configured() -> Endpoint:
     return _endpoint
 
 
-def _client(kind: str) -> Any:
+def make(kind: str) -> Any:
+    """This process's client of a kind: `crt` (each image's GET) or `boto` (objects.py)."""
     key = (os.getpid(), kind)
     client = _clients.get(key)
     if client is None:
@@ -192,7 +192,7 @@ def get(url: str) -> Reply:
 
     endpoint = configured()
     address = parse(url)
-    client = _client("crt")
+    client = make("crt")
     retries = throttled = 0
     for attempt in range(endpoint.attempts):
         start = time.perf_counter_ns()
@@ -231,115 +231,3 @@ def _pool(size: int) -> ThreadPoolExecutor:
             if pool is None:
                 pool = _clients[key] = ThreadPoolExecutor(size, thread_name_prefix="facebench-get")
     return pool
-
-
-def _boto_failure(url: str, error: Exception, endpoint: Endpoint) -> StorageError:
-    response = getattr(error, "response", None) or {}
-    code = str(response.get("Error", {}).get("Code", ""))
-    status = str(response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
-    message = str(response.get("Error", {}).get("Message", "")) or str(error)
-    detail = f"{code or type(error).__name__}: {message}".splitlines()[0]
-    if code in ("404", "NoSuchKey", "NotFound"):
-        return failure(url, "missing", detail, endpoint)
-    if code == "NoSuchBucket":
-        return failure(url, "no bucket", detail, endpoint)
-    if status == "403" or code in ("AccessDenied", "SignatureDoesNotMatch", "InvalidAccessKeyId"):
-        return failure(url, "refused", detail, endpoint)
-    if status == "503" or code == "SlowDown":
-        return failure(url, "throttled", detail, endpoint)
-    return failure(url, "unreachable", detail, endpoint)
-
-
-def _boto_errors() -> tuple[type[Exception], ...]:
-    import botocore.exceptions
-
-    return (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError)
-
-
-def read(url: str) -> bytes:
-    """A small object whole (a labels file), outside any epoch."""
-    address = parse(url)
-    try:
-        answer = _client("boto").get_object(Bucket=address.bucket, Key=address.key)
-        return answer["Body"].read()
-    except _boto_errors() as error:
-        raise _boto_failure(url, error, configured()) from None
-
-
-def head(url: str) -> dict[str, Any] | None:
-    """An object's size, ETag and user metadata; None if there is none at the address."""
-    address = parse(url)
-    try:
-        answer = _client("boto").head_object(Bucket=address.bucket, Key=address.key)
-    except _boto_errors() as error:
-        code = str(getattr(error, "response", {}).get("Error", {}).get("Code", ""))
-        if code in ("404", "NoSuchKey", "NotFound"):
-            return None
-        raise _boto_failure(url, error, configured()) from None
-    return {
-        "size": int(answer["ContentLength"]),
-        "etag": str(answer.get("ETag", "")).strip('"'),
-        "metadata": dict(answer.get("Metadata", {})),
-    }
-
-
-def put_file(url: str, path: str, metadata: dict[str, str]) -> None:
-    """Upload a local file (multipart where it is large) with facebench's metadata."""
-    address = parse(url)
-    try:
-        _client("boto").upload_file(
-            path, address.bucket, address.key, ExtraArgs={"Metadata": metadata}
-        )
-    except _boto_errors() as error:
-        raise _boto_failure(url, error, configured()) from None
-    except FileNotFoundError:
-        raise StorageError(f"{path}: vanished before it was uploaded to {url}") from None
-
-
-def put_bytes(url: str, data: bytes, metadata: dict[str, str]) -> None:
-    address = parse(url)
-    try:
-        _client("boto").put_object(
-            Bucket=address.bucket, Key=address.key, Body=data, Metadata=metadata
-        )
-    except _boto_errors() as error:
-        raise _boto_failure(url, error, configured()) from None
-
-
-def delete(url: str) -> None:
-    """Remove an object facebench wrote (its upload manifest, before the upload changes)."""
-    address = parse(url)
-    try:
-        _client("boto").delete_object(Bucket=address.bucket, Key=address.key)
-    except _boto_errors() as error:
-        raise _boto_failure(url, error, configured()) from None
-
-
-class Listed(NamedTuple):
-    key: str  # relative to the listed prefix
-    size: int
-    etag: str
-
-
-def list_objects(address: Address, progress_log: logging.Logger | None = None) -> Iterator[Listed]:
-    """Every object under the address's prefix, in key order (ListObjectsV2, 1,000 a page),
-    with a progress line every 50 pages."""
-    prefix = address.prefix
-    paginator = _client("boto").get_paginator("list_objects_v2")
-    pages = paginator.paginate(
-        Bucket=address.bucket, Prefix=prefix, PaginationConfig={"PageSize": _LIST_PAGE}
-    )
-    count = 0
-    started = time.monotonic()
-    try:
-        for number, page in enumerate(pages, start=1):
-            for entry in page.get("Contents", ()):
-                count += 1
-                yield Listed(
-                    entry["Key"][len(prefix) :], int(entry["Size"]), entry["ETag"].strip('"')
-                )
-            if progress_log is not None and number % _PROGRESS_EVERY == 0:
-                rate = count / max(time.monotonic() - started, 1e-9)
-                progress_log.info("listing %s: %d objects so far (%.0f/s)", address, count, rate)
-    except _boto_errors() as error:
-        raise _boto_failure(str(address), error, configured()) from None

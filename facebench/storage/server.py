@@ -21,15 +21,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import importlib.util
 import json
 import logging
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import time
 import urllib.request
@@ -39,34 +36,23 @@ from pathlib import Path
 
 from facebench.errors import StorageError
 from facebench.host.paths import cache_dir
+from facebench.storage.daemons import alive, end, spawn
+from facebench.storage.swift_config import (
+    ACCESS_KEY,
+    DAEMON,
+    REGION,
+    SECRET_KEY,
+    write_configs,
+    write_rings,
+)
 
 log = logging.getLogger(__name__)
 
-ACCESS_KEY = "facebench:admin"  # tempauth's <account>:<user>
-SECRET_KEY = "facebench-local"
-REGION = "us-east-1"
 DEFAULT_PORT = 8090
 BUCKET = "facebench"  # created at start
 STATE = "server.json"
 _DAEMONS = ("account", "container", "object", "proxy")  # started in this order, proxy last
-_DAEMON = [sys.executable, "-m", "facebench.storage.swift_daemon"]
 _READY_S = 60.0
-_STOP_S = 10.0
-_PROXY_PIPELINE = (
-    "catch_errors gatekeeper healthcheck proxy-logging cache listing_formats s3api tempauth "
-    "copy slo dlo proxy-logging proxy-server"
-)
-# Pipeline name -> Swift's entry point, for the filters that take no settings.
-_PROXY_FILTERS = {
-    "catch_errors": "catch_errors",
-    "gatekeeper": "gatekeeper",
-    "healthcheck": "healthcheck",
-    "proxy-logging": "proxy_logging",
-    "listing_formats": "listing_formats",
-    "copy": "copy",
-    "slo": "slo",
-    "dlo": "dlo",
-}
 
 
 @dataclass(frozen=True)
@@ -109,105 +95,13 @@ def _port_in_use(port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _write_rings(swift_dir: Path, ports: dict[str, int]) -> None:
-    kinds = ("account", "container", "object")
-    command = [*_DAEMON, "rings", str(swift_dir), *(str(ports[kind]) for kind in kinds)]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise StorageError(f"the local object server's rings were not built: {done.stderr[-500:]}")
-
-
-def _ini(sections: dict[str, dict[str, str | int]]) -> str:
-    return "".join(
-        f"[{name}]\n" + "".join(f"{key} = {value}\n" for key, value in values.items()) + "\n"
-        for name, values in sections.items()
-    )
-
-
-def _write_configs(root: Path, ports: dict[str, int], memcache_port: int) -> None:
-    swift_dir = root / "conf"
-    common = {
-        "bind_ip": "127.0.0.1",
-        "workers": 0,  # one process each: on a small machine the loaders need the cores
-        "swift_dir": str(swift_dir),
-        "log_level": "WARNING",
-        "log_name": "facebench-s3server",
-    }
-    (swift_dir / "swift.conf").write_text(
-        _ini(
-            {
-                "swift-hash": {"swift_hash_path_suffix": "facebench", "swift_hash_path_prefix": ""},
-                "storage-policy:0": {"name": "default", "default": "yes"},
-            }
-        )
-    )
-    for kind in ("account", "container", "object"):
-        server = {"devices": str(root / "data"), "mount_check": "false"}
-        config = {
-            "DEFAULT": {**common, **server, "bind_port": ports[kind]},
-            "pipeline:main": {"pipeline": f"{kind}-server"},
-            f"app:{kind}-server": {"use": f"egg:swift#{kind}"},
-        }
-        (swift_dir / f"{kind}-server.conf").write_text(_ini(config))
-    proxy = {
-        "DEFAULT": {**common, "bind_port": ports["proxy"]},
-        "pipeline:main": {"pipeline": _PROXY_PIPELINE},
-        "app:proxy-server": {"use": "egg:swift#proxy", "account_autocreate": "true"},
-        # With no memcached, a port nothing listens on: tempauth and s3api need the filter, and
-        # the proxy then looks every account and container up again (slower, still correct).
-        "filter:cache": {
-            "use": "egg:swift#memcache",
-            "memcache_servers": f"127.0.0.1:{memcache_port}",
-        },
-        "filter:s3api": {"use": "egg:swift#s3api", "location": REGION},
-        "filter:tempauth": {
-            "use": "egg:swift#tempauth",
-            "user_facebench_admin": f"{SECRET_KEY} .admin",
-        },
-        **{f"filter:{name}": {"use": f"egg:swift#{egg}"} for name, egg in _PROXY_FILTERS.items()},
-    }
-    (swift_dir / "proxy-server.conf").write_text(_ini(proxy))
-
-
-def _die_with_parent() -> None:
-    """In a daemon started for one process's use (a test's): SIGKILL when that process ends."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)
-
-
-def _spawn(command: list[str], log_path: Path, detached: bool) -> int:
-    with open(log_path, "ab") as output:
-        process = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl-C in the terminal that started it does not stop it
-            preexec_fn=None if detached else _die_with_parent,
-        )
-    return process.pid
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (exited, not yet reaped by its parent) is gone for every purpose here.
-    with contextlib.suppress(OSError):
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    return True
-
-
 def running(root: Path) -> Running | None:
     """The server whose files are under root, if it is up (every daemon alive)."""
     state = root / STATE
     if not state.is_file():
         return None
     server = Running(**json.loads(state.read_text()))
-    return server if all(_alive(pid) for pid in server.pids.values()) else None
+    return server if all(alive(pid) for pid in server.pids.values()) else None
 
 
 def _wait_ready(server: Running, logs: Path) -> None:
@@ -215,7 +109,7 @@ def _wait_ready(server: Running, logs: Path) -> None:
     url = f"{server.endpoint}/healthcheck"
     ports = [int(line) for line in (logs / "ports").read_text().split()]
     while True:
-        dead = [kind for kind, pid in server.pids.items() if not _alive(pid)]
+        dead = [kind for kind, pid in server.pids.items() if not alive(pid)]
         if dead:
             raise StorageError(
                 f"the local object server's {dead[0]} daemon exited at start: see "
@@ -261,14 +155,14 @@ def start(root: Path, port: int = DEFAULT_PORT, detached: bool = True) -> Runnin
     memcache_port = free_port()
     logs = root / "logs"
     (logs / "ports").write_text("\n".join(str(p) for p in ports.values()))
-    _write_rings(root / "conf", ports)
-    _write_configs(root, ports, memcache_port)
+    write_rings(root / "conf", ports)
+    write_configs(root, ports, memcache_port)
     pids: dict[str, int] = {}
     memcached = shutil.which("memcached")
     if memcached:
         user = ["-u", "root"] if os.geteuid() == 0 else []  # memcached will not run as root else
         command = [memcached, *user, "-l", "127.0.0.1", "-p", str(memcache_port), "-m", "64"]
-        pids["memcached"] = _spawn(command, logs / "memcached.log", detached)
+        pids["memcached"] = spawn(command, logs / "memcached.log", detached)
     else:
         log.warning(
             "memcached is not installed: the local object server runs without its cache, about "
@@ -276,13 +170,13 @@ def start(root: Path, port: int = DEFAULT_PORT, detached: bool = True) -> Runnin
         )
     for kind in _DAEMONS:
         conf = root / "conf" / f"{kind}-server.conf"
-        command = [*_DAEMON, kind, str(root / "conf" / "swift.conf"), str(conf)]
-        pids[kind] = _spawn(command, logs / f"{kind}.log", detached)
+        command = [*DAEMON, kind, str(root / "conf" / "swift.conf"), str(conf)]
+        pids[kind] = spawn(command, logs / f"{kind}.log", detached)
     server = Running(f"http://127.0.0.1:{ports['proxy']}", str(root), pids, bool(memcached))
     try:
         _wait_ready(server, logs)
     except BaseException:
-        _end(server.pids)
+        end(server.pids)
         raise
     _create_bucket(server, BUCKET)
     (root / STATE).write_text(json.dumps(asdict(server)))
@@ -310,26 +204,13 @@ def _create_bucket(server: Running, bucket: str) -> None:
             ) from None
 
 
-def _end(pids: dict[str, int]) -> None:
-    for pid in pids.values():
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)  # each daemon leads its own session, workers included
-    deadline = time.monotonic() + _STOP_S
-    while any(_alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pid in pids.values():
-        if _alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-
-
 def stop(root: Path) -> bool:
     """Stop the server under root, keeping its data; False if none was running."""
     state = root / STATE
     if not state.is_file():
         return False
     server = Running(**json.loads(state.read_text()))
-    _end(server.pids)
+    end(server.pids)
     state.unlink()
     return True
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from facebench.errors import StorageError
 from facebench.host.progress import progress
-from facebench.storage import client
+from facebench.storage import objects
 from facebench.storage.address import Address
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ def _md5(path: Path) -> str:
 
 
 def _is_ours(url: str) -> bool:
-    found = client.head(url)
+    found = objects.head(url)
     return found is not None and found["metadata"].get(OWNER) == "1"
 
 
@@ -77,7 +77,7 @@ def upload_tree(root: Path, address: Address, threads: int = _THREADS) -> Upload
     files = _local_files(root)
     if MANIFEST in files:
         raise StorageError(f"{root / MANIFEST}: a file named as facebench's manifest; rename it")
-    there = {entry.key: (entry.size, entry.etag) for entry in client.list_objects(address, log)}
+    there = {entry.key: (entry.size, entry.etag) for entry in objects.list_objects(address, log)}
     sums = {name: _md5(root / name) for name in files}
     to_send = []
     for name in files:
@@ -99,11 +99,11 @@ def upload_tree(root: Path, address: Address, threads: int = _THREADS) -> Upload
     if MANIFEST in there:
         if not _is_ours(manifest_url):
             raise StorageError(f"{manifest_url}: facebench did not write it; move it away")
-        client.delete(manifest_url)  # before anything changes, so that it vouches for nothing
+        objects.delete(manifest_url)  # before anything changes, so that it vouches for nothing
     metadata = {OWNER: "1"}
 
     def send(name: str) -> int:
-        client.put_file(str(address.child(name)), str(root / name), metadata)
+        objects.put_file(str(address.child(name)), str(root / name), metadata)
         return (root / name).stat().st_size
 
     sent_bytes = 0
@@ -112,5 +112,5 @@ def upload_tree(root: Path, address: Address, threads: int = _THREADS) -> Upload
             sent_bytes += size
     entries = {name: [(root / name).stat().st_size, sums[name]] for name in files}
     body = json.dumps({"files": entries, "source": str(root)}, indent=0).encode()
-    client.put_bytes(manifest_url, body, metadata)
+    objects.put_bytes(manifest_url, body, metadata)
     return Uploaded(len(files), len(to_send), sent_bytes, time.monotonic() - started)
