@@ -295,7 +295,10 @@ def test_advise_skips_what_shared_memory_cannot_hold_and_says_why(tmp_path, cach
     skipped = "shared memory too small from n_workers=1: its 1 worker process hands batches"
     assert skipped in rows["dataset"]
     assert "but /dev/shm has 1.0 MiB free (of 1.0 MiB)" in rows["dataset"]
-    assert re.search(r"\| raw \| \w+ \| \d+ \| [\d,]+ \(\d\) \|", output)  # threads: measured
+    # Threads need no shared memory: raw was measured (a rate with its workers), fed or not: on
+    # a busy machine its rate may fall short of the h100's, and "fewest workers" is then "-".
+    raw = re.search(r"\| raw \| (yes|no) \| [\d-]+ \| [\d,]+ \(\d\) \|", output)
+    assert raw, output[-2500:]
 
 
 @pytest.mark.slow
