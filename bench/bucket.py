@@ -70,8 +70,12 @@ def main() -> None:
         for name in args.loaders:
             runs: dict[str, list[dict[str, float]]] = {"folder": [], "bucket": []}
             cores: list[float] = []
+            # A loader that reads a bucket only (s3connector) has no folder run to compare.
+            reads_folder = loaders.get(name).reads("local")
             for attempt in range(args.pairs + 1):
                 for place, keys in places.items():
+                    if place == "folder" and not reads_folder:
+                        continue
                     before = server_cpu_s(s3)
                     metrics = run_train(scratch, [f"loader={name}", *common, *keys])
                     epoch_s = metrics["epoch_time_s_median"]
@@ -101,14 +105,15 @@ def _row(name: str, runs: dict[str, list[dict[str, float]]], cores: list[float])
     def median(place: str, key: str) -> float:
         return statistics.median(run.get(key, float("nan")) for run in runs[place])
 
-    folder = median("folder", "images_per_s_median")
+    folder = median("folder", "images_per_s_median") if runs["folder"] else None
     bucket = median("bucket", "images_per_s_median")
     # Per-epoch storage metrics: the job's single epoch is in its results as itself.
     requests = median("bucket", "storage_requests_per_s")
     megabytes = median("bucket", "storage_mb_per_s")
     p50, p99 = median("bucket", "storage_get_p50_ms"), median("bucket", "storage_get_p99_ms")
     return [
-        name, f"{folder:,.0f}", f"{bucket:,.0f}", f"{bucket / folder:.2f}", f"{requests:,.0f}",
+        name, "-" if folder is None else f"{folder:,.0f}", f"{bucket:,.0f}",
+        "-" if folder is None else f"{bucket / folder:.2f}", f"{requests:,.0f}",
         f"{megabytes:.1f}", f"{p50:.1f} / {p99:.1f}", f"{statistics.median(cores):.2f}",
     ]  # fmt: skip
 
