@@ -117,11 +117,19 @@ def test_server_keeps_its_data_across_restarts(tmp_path: Path) -> None:
         assert server.running(root) == first
         again = server.start(root, port=0, detached=False)  # already running: the same one
         assert again.pids == first.pids
+        client.configure(client.Endpoint(first.endpoint, server.REGION, True))
+        objects.put_bytes("s3://facebench/kept", b"still here", {})
     finally:
         assert server.stop(root)
     assert server.running(root) is None
     assert not any(alive(pid) for pid in first.pids.values())
     assert not server.stop(root)  # nothing left to stop
+    restarted = server.start(root, port=0, detached=False)  # other ports, the same data
+    try:
+        client.configure(client.Endpoint(restarted.endpoint, server.REGION, True))
+        assert objects.read("s3://facebench/kept") == b"still here"
+    finally:
+        server.stop(root)
 
 
 def test_bucket_lists_the_same_samples_as_the_folder(
@@ -207,9 +215,7 @@ def test_run_records_requests_and_where_the_data_came_from(
     assert server.SECRET_KEY not in results  # never the credentials
 
 
-def test_upload_resumes_and_leaves_no_manifest_for_missing_objects(
-    s3: server.Running, synthetic_root: Path
-) -> None:
+def test_upload_sends_only_what_is_missing(s3: server.Running, synthetic_root: Path) -> None:
     target = parse("s3://facebench/resume")
     first = upload_tree(synthetic_root, target)
     assert first.sent == first.files and MANIFEST in listed(str(target))
@@ -425,3 +431,25 @@ def test_a_server_stopped_mid_epoch_ends_the_epoch_in_one_line(
                 pass
     finally:
         server.stop(root)
+
+
+def test_bad_objects_are_named_or_skipped_as_bad_files_are(
+    s3: server.Running, tree_factory, cache: Path
+) -> None:
+    celeba = {f"{n:06d}.jpg": n for n in range(1, 5)}
+    root = tree_factory(celeba=celeba, digiface={0: 3})
+    images = root / "CelebA" / "img_align_celeba"
+    (images / "000002.jpg").write_bytes((images / "000002.jpg").read_bytes()[:200])  # truncated
+    (images / "000003.jpg").write_bytes(b"")  # empty
+    url = "s3://facebench/bad"
+    upload_tree(root, parse(url))
+    with pytest.raises(DataError, match=rf"{url}/CelebA/img_align_celeba/000003.jpg: empty object"):
+        list_bucket_usable(parse(url), "raise", cache)
+    listing = list_bucket_usable(parse(url), "skip", cache, n_procs=2)  # decoded in processes
+    skipped = dict(listing.usable.skipped)
+    assert set(skipped) == {
+        f"{url}/CelebA/img_align_celeba/000002.jpg",
+        f"{url}/CelebA/img_align_celeba/000003.jpg",
+    }
+    assert "cannot decode this image" in skipped[f"{url}/CelebA/img_align_celeba/000002.jpg"]
+    assert len(listing.usable.records) == len(listing.records) - 2 == 5
