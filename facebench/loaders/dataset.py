@@ -19,9 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import ConcatDataset, Dataset
 
-from facebench import stages
 from facebench.config import Decoder, LoaderConfig
-from facebench.data.images import read_files
 from facebench.data.records import Record
 from facebench.loaders import shared
 from facebench.loaders.decoding import DecodeStage
@@ -66,15 +64,12 @@ class BucketDataset(RecordDataset):
     (pytorch#158218), where one GET at a time leaves a worker waiting out each latency."""
 
     def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor, int, int]]:
-        start = stages.now()
-        datas = read_files([self.records[index].path for index in indices])
-        stages.lap(stages.READ, start)
-        samples = []
-        for index, data in zip(indices, datas, strict=True):
-            record = self.records[index]
-            sample = self.stage.sample(data, record.source, record.path)
-            samples.append((sample, record.label, index))
-        return samples
+        records = [self.records[index] for index in indices]
+        samples = self.stage.samples(records)
+        return [
+            (sample, record.label, index)
+            for sample, record, index in zip(samples, records, indices, strict=True)
+        ]
 
 
 def worker_memory(ctx: LoaderContext) -> int:
