@@ -32,6 +32,10 @@ class StorageError(FacebenchError):
     """An object store cannot be reached, refuses a request, or lacks an object it should hold."""
 
 
+class ObjectMissing(StorageError):
+    """No object at an address that was listed or named: deleted since, or never uploaded."""
+
+
 class TrackingError(FacebenchError):
     """The MLflow store cannot be used."""
 

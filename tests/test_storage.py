@@ -4,6 +4,7 @@ folder for every loader that reads a bucket, the request metrics, and each fault
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -20,11 +21,12 @@ from PIL import Image
 from facebench import loaders, stages
 from facebench.data.listing import list_bucket_usable, list_usable
 from facebench.data.location import data_layout
-from facebench.errors import ConfigError, DataError, StorageError
+from facebench.errors import ConfigError, DataError, ShardError, StorageError
 from facebench.fetches import Fetches, bucket, bucket_top_ms, percentile_ms
 from facebench.host.distributed import whole_job
 from facebench.host.paths import PROJECT_ROOT, cache_dir
 from facebench.run.runner import run_training
+from facebench.shards.manifest import Manifest
 from facebench.storage import client, objects, server
 from facebench.storage.address import Address, parse
 from facebench.storage.daemons import alive
@@ -33,10 +35,18 @@ from tests.helpers import FAST_LOADERS, assert_same_samples, delivered, expected
 
 pytest.importorskip("swift", reason="the local object server needs pip install -e '.[s3server]'")
 
-# The loaders that read a bucket; the fast subset runs the article's.
+# The loaders that read each image from a bucket; the fast subset runs the article's.
 BUCKET_LOADERS = [
     name if name in FAST_LOADERS else pytest.param(name, marks=pytest.mark.slow)
     for name in loaders.names(real_only=True, storage="s3")
+    if loaders.get(name).format_for() is None
+]
+# Those that read shards uploaded by prepare.py storage=s3: (loader, its options, the format).
+SHARD_LOADERS = [
+    ("pickle", [], "pickle"),
+    ("webdataset", ["loader.decoder=pil"], "tar"),
+    ("s3connector", ["loader.reads=shards"], "tar"),
+    pytest.param("litdata", [], "litdata", marks=pytest.mark.slow),
 ]
 
 
@@ -196,6 +206,116 @@ def test_loader_reads_the_bucket_exactly_once(
     assert totals.fetches.bytes == sum(
         sizes[r.path.removeprefix(f"{uploaded}/")][0] for r in listing.records
     )
+
+
+def _bucket_ctx(make_cfg, s3: server.Running, url: str, name: str, *options: str):
+    cfg = make_cfg(
+        f"loader={name}", *options, "n_workers=2", "batch_size=8", "loader.crop=center",
+        *s3.overrides(url),
+    )  # fmt: skip
+    client.configure(client.Endpoint.of(cfg.storage))
+    listing = list_bucket_usable(parse(url), "raise", cache_dir(cfg.data.cache_dir))
+    spec = loaders.get(name)
+    return spec, loaders.context(cfg, spec, listing, torch.device("cpu"), None)
+
+
+@pytest.mark.parametrize(("name", "options", "shard_format"), SHARD_LOADERS)
+def test_shard_loader_reads_the_shards_uploaded_beside_the_data(
+    name: str,
+    options: list[str],
+    shard_format: str,
+    s3: server.Running,
+    uploaded: str,
+    synthetic_root: Path,
+    make_cfg,
+    prepare_here,
+) -> None:
+    prepare_here(*s3.overrides(uploaded), f"format={shard_format}", "batch_size=8")
+    shards = f"{uploaded}/facebench-shards/{shard_format}"
+    manifest = Manifest.read(shards)
+    assert manifest is not None and MANIFEST in listed(shards)  # the set's, and the upload's
+    spec, ctx = _bucket_ctx(make_cfg, s3, uploaded, name, *options)
+    assert ctx.shards_dir == shards
+    assert spec.set_up_job(ctx)["n_shards"] == len(manifest.shards)  # checked, not built
+    totals = stages.begin_epoch(True)
+    batches = []
+    for batch in spec.build(ctx):
+        totals.add_batch(batch.stages)
+        batches.append(batch)
+    seen = delivered(batches)  # fails on a repeated sample
+    # 15 shards of 8 samples, a batch each; LitData deals its chunks and may drop a remainder
+    # per worker.
+    assert len(seen) == 120 if shard_format != "litdata" else len(seen) >= 120 - 2 * 7
+    assert_same_samples(seen, expected(synthetic_root))
+    # Every shard one GET, counted with the batches in whichever worker made it; the tars'
+    # indexes too (their labels are checked against them); not LitData's index.json, read
+    # once before the epoch.
+    read = [s.name for s in manifest.shards if s.samples]
+    read += [s.index_name for s in manifest.shards if s.index_sha256 and shard_format == "tar"]
+    sizes = listed(shards)
+    assert totals.fetches.requests == len(read)
+    assert totals.fetches.bytes == sum(sizes[name][0] for name in read)
+
+
+def test_a_shard_set_in_a_bucket_is_trusted_only_whole_and_current(
+    s3: server.Running, synthetic_root: Path, make_cfg, prepare_here
+) -> None:
+    url = "s3://facebench/shardfaults"
+    upload_tree(synthetic_root, parse(url))
+    spec, ctx = _bucket_ctx(make_cfg, s3, url, "pickle")
+    with pytest.raises(ShardError, match=rf"{url}/facebench-shards/pickle: no shard set there"):
+        spec.set_up_job(ctx)
+    prepare_here(*s3.overrides(url), "format=pickle", "batch_size=8")
+    spec.set_up_job(ctx)
+    # An object the set was made from, replaced: the set no longer vouches for the data.
+    image = sorted(key for key in listed(url) if key.endswith(".png"))[0]
+    objects.put_bytes(f"{url}/{image}", b"other bytes", {"facebench": "1"})
+    spec, ctx = _bucket_ctx(make_cfg, s3, url, "pickle")
+    with pytest.raises(ShardError, match=r"made from other objects .* Upload it again: python"):
+        spec.set_up_job(ctx)
+    prepare_here(*s3.overrides(url), "format=pickle", "batch_size=8")  # restores both
+    spec, ctx = _bucket_ctx(make_cfg, s3, url, "pickle")
+    spec.set_up_job(ctx)
+    # Other settings (another seed shuffles the samples into other shards) name what differs.
+    _, other = _bucket_ctx(make_cfg, s3, url, "pickle", "seed=1")
+    with pytest.raises(ShardError, match=r"built with other settings: seed 0 \(this run: 1\)"):
+        spec.set_up_job(other)
+    # A shard gone before the run: refused; gone during the epoch: named.
+    first = Manifest.read(ctx.shards_dir).shards[0]
+    objects.delete(f"{ctx.shards_dir}/{first.name}")
+    with pytest.raises(ShardError, match=rf"{first.name}: missing or not the size"):
+        spec.set_up_job(ctx)
+    prepare_here(*s3.overrides(url), "format=pickle", "batch_size=8")  # uploads just that one
+    epoch = spec.build(dataclasses.replace(ctx, n_workers=0))  # the set checked, then:
+    objects.delete(f"{ctx.shards_dir}/{first.name}")
+    with pytest.raises(ShardError, match=rf"pickle/{first.name}: no such object, though"):
+        for _ in epoch:
+            pass
+
+
+def test_an_upload_cut_short_leaves_no_manifest_behind(
+    s3: server.Running, synthetic_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = parse("s3://facebench/cut")
+    upload_tree(synthetic_root, target, last={"manifest.json": b"{}"})
+    assert {MANIFEST, "manifest.json"} <= set(listed(str(target)))
+    gone = sorted(key for key in listed(str(target)) if key.endswith(".png"))[:2]
+    for key in gone:
+        objects.delete(str(target.child(key)))
+    sent = []
+
+    def failing(url: str, path: str, metadata: dict[str, str]) -> None:
+        sent.append(url)
+        raise StorageError("the connection dropped")
+
+    monkeypatch.setattr(objects, "put_file", failing)
+    with pytest.raises(StorageError, match="the connection dropped"):
+        upload_tree(synthetic_root, target, last={"manifest.json": b"{}"})
+    assert sent  # it was sending when it failed, and by then neither manifest vouched for it
+    assert not {MANIFEST, "manifest.json"} & set(listed(str(target)))
+    monkeypatch.undo()
+    resumed = upload_tree(synthetic_root, target, last={"manifest.json": b"{}"})
+    assert resumed.sent == 2 and {MANIFEST, "manifest.json"} <= set(listed(str(target)))
 
 
 def test_run_records_requests_and_where_the_data_came_from(

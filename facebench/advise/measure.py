@@ -90,7 +90,7 @@ def measure_loader(
     spec = loaders.get(name)
     ctx = loaders.context(cfg, spec, data.listing, job.device)
     loaders.set_up(cfg, spec, ctx, job.world)  # shared memory: per worker count, below
-    manifest = Manifest.read(ctx.shards_dir) if spec.shard_format is not None else None
+    manifest = Manifest.read(ctx.shards_dir) if ctx.shards_dir is not None else None
     if manifest is not None:
         measured.prepare_s = manifest.prepare_s  # as long as building took, now or before
         measured.shard_bytes = sum(shard.bytes for shard in manifest.shards)

@@ -49,6 +49,9 @@ class Listing:
     records: list[Record]
     labels: LabelSpace
     usable: Usable
+    # Under a prefix: bucket_fingerprint of the records (keys, labels, sizes, ETags), which a
+    # shard set uploaded there records as what it was made from. Empty for a folder.
+    fingerprint: str = ""
 
 
 def list_usable(
@@ -67,7 +70,7 @@ def list_bucket_usable(
     records, labels, found = read_bucket_records(address, layout)
     root = str(address.child())
     usable = usable_records(records, root, on_bad_sample, cache, n_procs, found)
-    return Listing(root, records, labels, usable)
+    return Listing(root, records, labels, usable, bucket_fingerprint(records, found))
 
 
 def source_fingerprint(records: list[Record], root: Path) -> str:

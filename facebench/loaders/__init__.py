@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from pathlib import Path
 
 import torch
 from hydra.core.config_store import ConfigStore
@@ -31,6 +32,8 @@ from facebench.host.shared_memory import InFlight
 from facebench.loaders.failures import count_oom_kills_from_now
 from facebench.loaders.shared import LoaderContext
 from facebench.loaders.spec import Handover, LoaderSpec
+from facebench.shards.in_bucket import bucket_folder
+from facebench.storage.address import in_bucket
 
 CONFIGS = PROJECT_ROOT / "conf" / "loader"
 _registered: dict[str, LoaderSpec] = {}
@@ -179,9 +182,12 @@ def context(
 ) -> LoaderContext:
     """What the configured loader gets to build its pipeline from: the data as the run listed
     and checked it once, before any clock, and the settings it may use."""
-    shards = (
-        shards_root(cfg.shards_dir, listing.root, spec.shard_format) if spec.shard_format else None
-    )
+    shard_format = spec.format_for(cfg.loader)
+    shards: Path | str | None = None
+    if shard_format is not None and in_bucket(str(listing.root)):
+        shards = bucket_folder(cfg.storage.url, shard_format)  # uploaded by prepare.py
+    elif shard_format is not None:
+        shards = shards_root(cfg.shards_dir, Path(listing.root), shard_format)
     geometry = Geometry.of(cfg.transform)
     return LoaderContext(
         options=cfg.loader,

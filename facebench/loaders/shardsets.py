@@ -12,15 +12,29 @@ from facebench.errors import ShardError
 from facebench.loaders.shared import LoaderContext
 from facebench.shards import formats
 from facebench.shards.build import ensure_shards
-from facebench.shards.manifest import Manifest
+from facebench.shards.in_bucket import trusted_bucket_set
+from facebench.shards.manifest import Folder, Manifest, entry_name, entry_path
 
 log = logging.getLogger(__name__)
 
 
 def ensure_loader_shards(ctx: LoaderContext, shard_format: str) -> dict[str, float]:
     """Build the shards if missing or outdated (before the clock), cut so that each worker reads
-    shards of its own (refused where the data cannot give each worker a batch)."""
+    shards of its own (refused where the data cannot give each worker a batch). In a bucket,
+    where prepare.py uploads them, they are checked, never built."""
     readers = max(ctx.n_workers, 1) * ctx.world.world_size  # every rank's workers
+    if isinstance(ctx.shards_dir, str):
+        manifest = trusted_bucket_set(
+            ctx.shards_dir,
+            ctx.listing,
+            shard_format,
+            seed=ctx.seed,
+            shard_size=ctx.shard_size,
+            resize=ctx.geometry.resize,
+            readers=readers,
+            batch_size=ctx.batch_size,
+        )
+        return _checked(ctx, manifest, shard_format, {})
     shard_set = ensure_shards(
         ctx.data_root,
         ctx.shards_dir,
@@ -36,36 +50,51 @@ def ensure_loader_shards(ctx: LoaderContext, shard_format: str) -> dict[str, flo
         readers=readers,
         batch_size=ctx.batch_size,
     )
+    built = {"prepare_s": shard_set.seconds} if shard_set.built else {}
+    return _checked(ctx, shard_set.manifest, shard_format, built)
+
+
+def _checked(
+    ctx: LoaderContext, manifest: Manifest, shard_format: str, metrics: dict[str, float]
+) -> dict[str, float]:
+    """The set's metrics, after a full check of every shard's bytes where verify_shards asks."""
     if ctx.verify_shards:
-        corrupted = shard_set.manifest.corrupted(ctx.shards_dir)
+        corrupted = manifest.corrupted(ctx.shards_dir)
         if corrupted:
             raise ShardError(
-                f"{ctx.shards_dir / corrupted[0]}: does not match the sha256 in its manifest "
-                f"({len(corrupted)} such shards). Delete {ctx.shards_dir} and rebuild: "
-                f"python prepare.py format={shard_format}"
+                f"{entry_path(ctx.shards_dir, corrupted[0])}: does not match the sha256 in its "
+                f"manifest ({len(corrupted)} such shards). Rebuild: {_rebuild(ctx, shard_format)}"
             )
-        log.info("verified %d shards against their manifest", len(shard_set.manifest.shards))
-    n_shards = len(shard_set.manifest.shards)
+        log.info("verified %d shards against their manifest", len(manifest.shards))
     # The size built with, which may be below shard_size (shard_size_for): the run records it.
-    metrics = {"n_shards": float(n_shards)}
+    metrics = {**metrics, "n_shards": float(len(manifest.shards))}
     if formats.get(shard_format).per_worker:
-        metrics["shard_size_used"] = float(shard_set.manifest.settings["shard_size"])
-    return {**metrics, "prepare_s": shard_set.seconds} if shard_set.built else metrics
+        metrics["shard_size_used"] = float(manifest.settings["shard_size"])
+    return metrics
+
+
+def _rebuild(ctx: LoaderContext, shard_format: str) -> str:
+    """The command that makes the set again, where the run reads it from."""
+    if isinstance(ctx.shards_dir, str):
+        return f"python prepare.py storage=s3 format={shard_format} with the same settings"
+    return f"delete {ctx.shards_dir}, then python prepare.py format={shard_format}"
 
 
 def trusted_manifest(ctx: LoaderContext) -> Manifest:
     """The manifest of ctx.shards_dir, complete and with every shard the recorded size."""
     manifest = Manifest.read(ctx.shards_dir)
+    storage = " storage=s3" if isinstance(ctx.shards_dir, str) else ""
     if manifest is None:
         raise ShardError(
-            f"{ctx.shards_dir}: no complete shard set (no manifest.json). Run: python prepare.py "
-            "with the same data overrides"
+            f"{ctx.shards_dir}: no complete shard set (no manifest.json). Run: python prepare.py"
+            f"{storage} with the same data overrides"
         )
     wrong = manifest.missing_or_resized(ctx.shards_dir)
     if wrong:
         raise ShardError(
-            f"{ctx.shards_dir / wrong[0]}: missing or not the size its manifest records "
-            f"({len(wrong)} such shards). Rebuild: python prepare.py format={manifest.format}"
+            f"{entry_path(ctx.shards_dir, wrong[0])}: missing or not the size its manifest "
+            f"records ({len(wrong)} such shards). Rebuild: python prepare.py{storage} "
+            f"format={manifest.format}"
         )
     return manifest
 
@@ -75,12 +104,12 @@ class OpenShardSet:
     """A shard set as a loader reads it: its trusted manifest, and the guard that tells a damaged
     shard from a set rebuilt during the run."""
 
-    folder: Path
+    folder: Folder  # a local folder, or an s3:// prefix
     manifest: Manifest
     guard: ShardGuard
 
     def paths(self) -> list[str]:
-        return [str(self.folder / shard.name) for shard in self.manifest.shards]
+        return [str(entry_path(self.folder, shard.name)) for shard in self.manifest.shards]
 
     def sha256(self) -> dict[str, str]:
         return {shard.name: shard.sha256 for shard in self.manifest.shards}
@@ -97,6 +126,9 @@ def open_shard_set(ctx: LoaderContext) -> OpenShardSet:
 
 
 def shard_files(ctx: LoaderContext) -> list[str]:
+    """The set's local files (whose page cache `cache=` controls); none for a bucket's."""
+    if ctx.shards_dir is None or isinstance(ctx.shards_dir, str):
+        return []
     manifest = Manifest.read(ctx.shards_dir)
     return [str(ctx.shards_dir / shard.name) for shard in manifest.shards] if manifest else []
 
@@ -114,11 +146,11 @@ class ShardGuard:
     same means another process rebuilt the set: that is said in one line, not as a traceback.
     """
 
-    folder: Path
+    folder: Folder
     digest: str
 
     @classmethod
-    def of(cls, folder: Path, manifest: Manifest) -> ShardGuard:
+    def of(cls, folder: Folder, manifest: Manifest) -> ShardGuard:
         return cls(folder, manifest.digest())
 
     def changed(self) -> bool:
@@ -135,7 +167,7 @@ class ShardGuard:
         except (OSError, ShardError) as error:
             if self.changed():
                 raise ShardsChanged(
-                    f"{self.folder}: shards changed during the run ({Path(path).name} is gone or "
+                    f"{self.folder}: shards changed during the run ({entry_name(path)} is gone or "
                     "different): another prepare.py or train.py rebuilt them. Run again once it "
                     "has finished; runs that build shards at once need a shards_dir each"
                 ) from None

@@ -113,7 +113,8 @@ class LoaderContext:
     seed: int
     device: torch.device
     transform: Callable[[Any], torch.Tensor]
-    shards_dir: Path | None  # None for loaders that read no shards
+    # A local folder, or an s3:// prefix (storage=s3); None for loaders that read no shards.
+    shards_dir: Path | str | None
     shard_size: int
     # This process's place in a torchrun job; loaders split each epoch across ranks, then workers.
     world: World = field(default_factory=World)

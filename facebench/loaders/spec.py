@@ -54,9 +54,10 @@ class LoaderSpec:
     worker_memory: Callable[[LoaderContext], int]
     # Its traits, or a function of its options that gives them (a decoder option, say).
     traits: Traits | Callable[[LoaderConfig], Traits]
-    # The shard format (shards/formats.py) it reads: built before the clock when missing, and
-    # the files whose page cache `cache=` controls. None: it reads the image files.
-    shard_format: str | None = None
+    # The shard format (shards/formats.py) it reads, or a function of its options that gives
+    # it: built before the clock when missing, and the files whose page cache `cache=`
+    # controls. None: it reads the image files.
+    shard_format: str | Callable[[LoaderConfig], str | None] | None = None
     # Whether each worker batches its own shards (one partial batch per worker may be dropped)
     # rather than the epoch being batched in one place.
     batches_per_worker: bool = False
@@ -95,6 +96,12 @@ class LoaderSpec:
             return self.traits
         return self.traits(options if options is not None else self.options())
 
+    def format_for(self, options: LoaderConfig | None = None) -> str | None:
+        """The shard format it reads with these options (its defaults when none are given)."""
+        if callable(self.shard_format):
+            return self.shard_format(options if options is not None else self.options())
+        return self.shard_format
+
     def available(self) -> bool:
         return self.requires is None or self.requires.available()
 
@@ -123,9 +130,8 @@ class LoaderSpec:
         missing."""
         if self.set_up is not None:
             return self.set_up(ctx)
-        if self.shard_format is not None:
-            return ensure_loader_shards(ctx, self.shard_format)
-        return {}
+        shard_format = self.format_for(ctx.options)
+        return ensure_loader_shards(ctx, shard_format) if shard_format is not None else {}
 
     def held(self, ctx: LoaderContext) -> AbstractContextManager[dict[str, float]]:
         """Its session for the job (nothing, for most loaders)."""
@@ -135,7 +141,7 @@ class LoaderSpec:
         """The files an epoch reads: its shards, or every image, or nothing."""
         if self.ceiling:
             return []
-        if self.shard_format is not None:
+        if self.format_for(ctx.options) is not None:
             return shard_files(ctx)
         # Objects in a bucket have no page cache here to warm, evict or inspect.
         return [record.path for record in ctx.records if not in_bucket(record.path)]

@@ -11,30 +11,41 @@ device crops and normalizes whole (facebench.run.finish); decoder=pil runs the a
 per-sample PIL transform. device_decode=true (CUDA only) sends CelebA's JPEG bytes to the main
 process, to be decoded in batches on the GPU with nvJPEG; PNGs are decoded in the workers either
 way. On a CPU device it is ignored, with a warning.
+
+With storage=s3 the tars are where prepare.py storage=s3 uploaded them, and webdataset opens
+their s3:// URLs through a handler facebench gives its `gopen` (as it has for http:// and gs://):
+each tar is one GET of the whole object, counted in the storage_* metrics, then read from memory.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 import webdataset as wds
+from webdataset.gopen import gopen_schemes
 
 from facebench import stages
 from facebench.config import Decoder, LoaderConfig
 from facebench.data.fast_decode import jpeg_components
+from facebench.data.images import read_file
 from facebench.data.sources import CELEBA
 from facebench.data.transforms import Geometry
 from facebench.errors import ConfigError, FacebenchError, ShardError
 from facebench.loaders import shared
 from facebench.loaders.decoding import DecodeStage
 from facebench.loaders.plan import EpochPlan
-from facebench.loaders.shardsets import ShardGuard, ensure_loader_shards, open_shard_set
+from facebench.loaders.shardsets import (
+    ShardGuard,
+    ensure_loader_shards,
+    open_shard_set,
+    trusted_manifest,
+)
 from facebench.loaders.shared import (
     Batch,
     LoaderContext,
@@ -42,7 +53,7 @@ from facebench.loaders.shared import (
     stamped,
 )
 from facebench.loaders.spec import LoaderSpec, decoder_traits
-from facebench.shards.manifest import ShardEntry, read_index
+from facebench.shards.manifest import Folder, ShardEntry, entry_name, read_index
 from facebench.shards.tar_format import IMAGE_KEYS
 
 log = logging.getLogger(__name__)
@@ -70,7 +81,7 @@ class Decode:
         self,
         stage: DecodeStage,
         keep_jpeg: bool,
-        folder: Path,
+        folder: Folder,
         shards: list[ShardEntry],
         guard: ShardGuard,
     ) -> None:
@@ -79,22 +90,23 @@ class Decode:
         self.folder = folder
         self.shards = {shard.name: shard for shard in shards}
         self.guard = guard
-        self._labels: tuple[str, dict[int, int]] = ("", {})
+        # Each shard's verified labels, read once: the shuffle buffer mixes samples of the
+        # shards a worker has open, and in a bucket each index read is a GET.
+        self._labels: dict[str, dict[int, int]] = {}
 
     def _verified(self, url: str, key: str, label_text: bytes | None) -> tuple[int, int]:
-        name = Path(url).name
-        if self._labels[0] != name:  # one shard's index at a time
+        name = entry_name(url)
+        labels = self._labels.get(name)
+        if labels is None:
             with self.guard.reading(url):
                 index = read_index(self.folder, self.shards[name])
-            self._labels = (
-                name,
-                dict(zip(index["id"].tolist(), index["label"].tolist(), strict=True)),
-            )
+            labels = dict(zip(index["id"].tolist(), index["label"].tolist(), strict=True))
+            self._labels[name] = labels
         try:
             sample_id, label = int(key), int(label_text or b"")
         except ValueError:
             sample_id, label = -1, -1
-        if self._labels[1].get(sample_id) != label:
+        if labels.get(sample_id) != label:
             with self.guard.reading(url):  # a rebuilt set says so; a damaged shard, this
                 raise ShardError(
                     f"{url}: sample {key!r} has label {label_text!r}, which its verified index "
@@ -178,11 +190,22 @@ def _pack_jpegs(
     return images, packed, torch.tensor([lengths, slots], dtype=torch.int64).reshape(2, -1)
 
 
-_ENCODED_SAMPLE_BYTES = 32 * 2**10  # a sample waiting in the shuffle buffer, still encoded
+ENCODED_SAMPLE_BYTES = 32 * 2**10  # a sample waiting in the shuffle buffer, still encoded
+
+
+def open_object(url: str, mode: str = "rb", bufsize: int = 8192, **kw: object) -> io.BytesIO:
+    """webdataset's gopen handler for s3:// URLs: the tar, one GET, whole, in memory."""
+    return io.BytesIO(read_file(url))
+
+
+# webdataset's own dispatch table (the package re-exports the function gopen as wds.gopen).
+gopen_schemes["s3"] = open_object
 
 
 def worker_memory(ctx: LoaderContext) -> int:
-    held = ctx.options.shuffle_buffer * _ENCODED_SAMPLE_BYTES
+    held = ctx.options.shuffle_buffer * ENCODED_SAMPLE_BYTES
+    if isinstance(ctx.shards_dir, str):  # a tar from a bucket is held whole while it is read
+        held += max((shard.bytes for shard in trusted_manifest(ctx).shards), default=0)
     return shared.worker_memory(ctx, normalized=DecodeStage.of(ctx).normalized, held=held)
 
 
@@ -235,4 +258,5 @@ LOADER = LoaderSpec(
     shard_format="tar",
     batches_per_worker=True,  # each worker batches the shards it reads
     set_up=set_up,
+    bucket_refusal=None,
 )

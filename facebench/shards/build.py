@@ -67,24 +67,29 @@ def ensure_shards(
         cache = cache or cache_dir()
         listing = listing or list_usable(root, on_bad_sample, cache, n_procs, layout)
         if formats.get(shard_format).per_worker:
+            try:
+                existing = Manifest.read(folder)
+            except OutdatedManifest:
+                existing = None
+            built = int(existing.settings["shard_size"]) if existing is not None else None
             n_samples = len(listing.usable.records)
-            shard_size = _sized_for(
-                folder, n_samples, shard_size, readers, batch_size, shard_format
-            )
+            shard_size = sized_for(n_samples, shard_size, readers, batch_size, shard_format, built)
         settings = settings_for(
             shard_format, seed, shard_size, sorted(listing.usable.excluded), resize
         )
         return _ensure(folder, shard_format, settings, n_procs, cache, listing, started)
 
 
-def _sized_for(
-    folder: Path,
+def sized_for(
     n_samples: int,
     shard_size: int,
     readers: int | None,
     batch_size: int,
     format_name: str,
+    built: int | None,
 ) -> int:
+    """The shard size a set read by `readers` workers is cut to (`built`: the existing set's,
+    kept where it serves them); refused where some worker would get no batch."""
     if readers is None:  # prepare.py: it refuses nothing a train.py run may not need
         readers = max(1, min(SERVED_READERS, n_samples // batch_size))
     elif idle := workers_without_a_batch(n_samples, batch_size, readers):
@@ -96,11 +101,6 @@ def _sized_for(
             f"{idle} would have nothing to do. Use {fewer}batch_size={max(1, n_samples // readers)}"
             f", or more data (with data=synthetic, data.n_images={readers * batch_size})"
         )
-    try:
-        existing = Manifest.read(folder)
-    except OutdatedManifest:
-        existing = None
-    built = int(existing.settings["shard_size"]) if existing is not None else None
     size = shard_size_for(n_samples, shard_size, readers, built, batch_size)
     if size != shard_size:
         log.info(

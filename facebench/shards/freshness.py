@@ -25,18 +25,23 @@ def settings_for(
     resize: int = ARTICLE.resize,
 ) -> dict[str, Any]:
     """Everything besides the source files that decides what the shards hold."""
-    left_out = hashlib.sha256(os.fsencode("\n".join(sorted(skipped or [])))).hexdigest()
     settings = {
         "format": shard_format,
         "seed": seed,
         "shard_size": shard_size,
         "celeba_box": list(CELEBA_BOX),
         "decoded_mode": "RGB",
-        "skipped": left_out,
+        "skipped": left_out(skipped),
     }
     if formats.get(shard_format).resized:  # its records hold resized pixels
         settings["resize"] = resize
     return settings
+
+
+def left_out(skipped: list[str] | frozenset[str] | None) -> str:
+    """The samples on_bad_sample=skip left out, as the settings record them (their paths or
+    addresses, hashed)."""
+    return hashlib.sha256(os.fsencode("\n".join(sorted(skipped or [])))).hexdigest()
 
 
 def resize_of(settings: dict[str, Any]) -> int:

@@ -43,7 +43,7 @@ from facebench.data.sources import Record
 from facebench.errors import ShardError
 from facebench.host.extras import Requirement
 from facebench.shards.formats import ShardFormat
-from facebench.shards.manifest import Manifest, ShardEntry, read_verified
+from facebench.shards.manifest import Folder, Manifest, ShardEntry, entry_path, read_verified
 
 log = logging.getLogger(__name__)
 
@@ -158,20 +158,20 @@ def entries(folder: Path) -> list[ShardEntry]:
     return found
 
 
-def check_set(folder: Path, manifest: Manifest) -> None:
+def check_set(folder: Folder, manifest: Manifest) -> None:
     """Refuse a set whose index (the bytes its manifest records) asks LitData for anything
     facebench does not write: another serializer (its `pickle` runs code from the chunks), a
     compression, an encryption or an item loader of its own."""
     entry = next((shard for shard in manifest.shards if shard.name == INDEX), None)
     if entry is None:
         raise ShardError(f"{folder}: its manifest names no {INDEX}. Rebuild: {_REBUILD}")
+    index = entry_path(folder, INDEX)
     try:
-        config = json.loads(read_verified(folder / INDEX, entry.sha256))["config"]
+        config = json.loads(read_verified(index, entry.sha256))["config"]
         found = {key: config.get(key) for key in WRITTEN}
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise ShardError(
-            f"{folder / INDEX}: not an index LitData wrote for facebench ({error}). "
-            f"Rebuild: {_REBUILD}"
+            f"{index}: not an index LitData wrote for facebench ({error}). Rebuild: {_REBUILD}"
         ) from None
     if found == WRITTEN:
         return
@@ -184,7 +184,7 @@ def check_set(folder: Path, manifest: Manifest) -> None:
         else ", ".join(f"{key} {found[key]!r}" for key in WRITTEN if found[key] != WRITTEN[key])
     )
     raise ShardError(
-        f"{folder / INDEX}: names {what}, which facebench never writes; refused before LitData "
+        f"{index}: names {what}, which facebench never writes; refused before LitData "
         f"read it. Use only LitData sets you built: {_REBUILD}"
     )
 

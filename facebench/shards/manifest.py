@@ -1,4 +1,9 @@
-"""manifest.json: what a shard set holds, what it was made from, and how to check it."""
+"""manifest.json: what a shard set holds, what it was made from, and how to check it.
+
+A shard set lives in a local folder or under an s3:// prefix (prepare.py storage=s3 uploads it
+there); `Folder` is either, and the reads below take both: an object is one GET, counted as
+the batch's request like an image's.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from facebench.errors import ShardError
+from facebench.data.images import read_file
+from facebench.errors import ObjectMissing, ShardError
 from facebench.host.atomic import write_atomic
+from facebench.storage import objects
+from facebench.storage.address import in_bucket, parse
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 2
@@ -20,6 +28,20 @@ INDEX_SUFFIX = ".index.npy"
 # Each shard's index: (sample id, label) of its samples, in order. Small, and hashed in the
 # manifest, so labels can be checked cheaply whatever the shard's format.
 INDEX_RECORD = np.dtype([("id", np.int64), ("label", np.int64)])
+
+Folder = Path | str  # a local folder, or an s3:// prefix ("s3://bucket/data/facebench-shards/...")
+
+
+def entry_path(folder: Folder, name: str) -> Path | str:
+    """Where a set's file is: a path in a local folder, an object's address under a prefix."""
+    if isinstance(folder, str) and in_bucket(folder):
+        return f"{folder.rstrip('/')}/{name}"
+    return Path(folder) / name
+
+
+def entry_name(path: Path | str) -> str:
+    """A shard's name, from its path or its object's address."""
+    return str(path).rstrip("/").rsplit("/", 1)[-1]
 
 
 class OutdatedManifest(ShardError):
@@ -55,18 +77,32 @@ class Manifest:
     # Folder data: each class's name, by index (the class-to-index map); empty for the faces.
     classes: list[str] = field(default_factory=list)
 
+    def encoded(self) -> bytes:
+        return (json.dumps(asdict(self), indent=2) + "\n").encode()
+
     def write(self, folder: Path) -> None:
         """Write atomically: a reader sees the old manifest, no manifest, or this one whole."""
-        write_atomic(folder / MANIFEST, (json.dumps(asdict(self), indent=2) + "\n").encode())
+        write_atomic(folder / MANIFEST, self.encoded())
 
     @classmethod
-    def read(cls, folder: Path) -> Manifest | None:
-        """The folder's manifest, or None when there is none."""
-        path = folder / MANIFEST
-        if not path.is_file():
+    def read(cls, folder: Folder) -> Manifest | None:
+        """The folder's (or prefix's) manifest, or None when there is none."""
+        path = entry_path(folder, MANIFEST)
+        if isinstance(path, str):
+            if objects.head(path) is None:
+                return None
+            text = objects.read(path).decode("utf-8", errors="replace")
+        elif not path.is_file():
             return None
+        else:
+            text = path.read_text(encoding="utf-8")
+        return cls.parse(text, path)
+
+    @classmethod
+    def parse(cls, text: str, path: Path | str) -> Manifest:
+        """A manifest from its JSON text; `path` names it in errors."""
         try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
+            raw = json.loads(text)
             if raw.get("version") != MANIFEST_VERSION:
                 raise OutdatedManifest(
                     f"{path}: written by another facebench version (manifest version "
@@ -93,8 +129,11 @@ class Manifest:
             and self.settings == settings
         )
 
-    def missing_or_resized(self, folder: Path) -> list[str]:
-        """Shards that are absent or whose size differs from the manifest (a cheap check)."""
+    def missing_or_resized(self, folder: Folder) -> list[str]:
+        """Shards that are absent or whose size differs from the manifest (a cheap check: for a
+        prefix, one listing)."""
+        if isinstance(folder, str) and in_bucket(folder):
+            return self._missing_objects(folder)
         wrong = []
         for shard in self.shards:
             path = folder / shard.name
@@ -104,26 +143,46 @@ class Manifest:
                 wrong.append(shard.index_name)
         return wrong
 
-    def corrupted(self, folder: Path) -> list[str]:
+    def _missing_objects(self, prefix: str) -> list[str]:
+        sizes = {entry.key: entry.size for entry in objects.list_objects(parse(prefix))}
+        wrong = []
+        for shard in self.shards:
+            if sizes.get(shard.name) != shard.bytes:
+                wrong.append(shard.name)
+            elif shard.index_sha256 and shard.index_name not in sizes:
+                wrong.append(shard.index_name)
+        return wrong
+
+    def corrupted(self, folder: Folder) -> list[str]:
         """Shards whose bytes do not hash to the manifest's sha256 (a full read of every shard)."""
         wrong = []
         for shard in self.shards:
             try:
-                read_verified(folder / shard.name, shard.sha256)
+                read_verified(entry_path(folder, shard.name), shard.sha256)
                 if shard.index_sha256:  # formats whose items carry their labels have none
                     read_index(folder, shard)
-            except (ShardError, OSError):
+            except (ShardError, OSError, ObjectMissing):
                 wrong.append(shard.name)
         return wrong
 
 
-def read_verified(path: Path, sha256: str) -> bytes:
-    """A shard's bytes, only if they hash to what the manifest recorded.
+def read_verified(path: Path | str, sha256: str) -> bytes:
+    """A shard's bytes (a file's, or an object's), only if they hash to what the manifest
+    recorded.
 
     The bytes that are hashed are the bytes that are returned, so nothing can swap the file
     between the check and its use.
     """
-    data = path.read_bytes()
+    if isinstance(path, str) and in_bucket(path):
+        try:
+            data = read_file(path)  # one GET, counted in the run's storage_* metrics
+        except ObjectMissing:
+            raise ShardError(
+                f"{path}: no such object, though the set's manifest names it. Upload the shards "
+                "again: python prepare.py storage=s3 format=... with the same settings"
+            ) from None
+    else:
+        data = Path(path).read_bytes()
     actual = hashlib.sha256(data).hexdigest()
     if actual != sha256:
         raise ShardError(
@@ -142,10 +201,11 @@ def encode_index(ids: list[int], labels: list[int]) -> bytes:
     return buffer.getvalue()
 
 
-def read_index(folder: Path, shard: ShardEntry) -> np.ndarray:
+def read_index(folder: Folder, shard: ShardEntry) -> np.ndarray:
     """A shard's (id, label) index, only if it hashes to what the manifest recorded."""
-    data = read_verified(folder / shard.index_name, shard.index_sha256)
+    path = entry_path(folder, shard.index_name)
+    data = read_verified(path, shard.index_sha256)
     index = np.load(io.BytesIO(data), allow_pickle=False)
     if index.dtype != INDEX_RECORD or len(index) != shard.samples:
-        raise ShardError(f"{folder / shard.index_name}: not the index of {shard.name}; rebuild")
+        raise ShardError(f"{path}: not the index of {shard.name}; rebuild")
     return index

@@ -7,16 +7,18 @@ from pathlib import Path
 
 from facebench.config import PrepareConfig
 from facebench.data.images import set_max_pixels
+from facebench.data.listing import list_bucket_usable
 from facebench.data.location import data_layout, data_root
 from facebench.errors import Interrupted, interruption
 from facebench.host.paths import cache_dir, shards_root
 from facebench.results import write_results
 from facebench.shards import formats
 from facebench.shards.build import ShardSet, ensure_shards
+from facebench.shards.in_bucket import bucket_folder, upload_set
 from facebench.storage import client
 from facebench.storage.address import parse
 from facebench.storage.credentials import credentials_source
-from facebench.storage.sync import upload_tree
+from facebench.storage.sync import Uploaded, upload_tree
 
 log = logging.getLogger(__name__)
 
@@ -29,14 +31,32 @@ def run_prepare(
 ) -> ShardSet | None:
     """Build the shards for the configured data, or say they are up to date; with storage=s3,
     upload the data set to the bucket instead."""
-    if cfg.storage.name == "s3":
-        return _upload(cfg, output_dir)
     shard_format = formats.get(cfg.format)
     if shard_format.requires is not None:
         shard_format.requires.require(f"format={cfg.format}")
     set_max_pixels(cfg.data.max_pixels)  # before any worker is forked: they inherit it
+    if cfg.storage.name == "s3":
+        return _upload(cfg, output_dir)
+    shard_set = _build(cfg, data_root(cfg.data, n_procs=max(cfg.n_workers, 1)))
+    if output_dir is not None:
+        write_results(
+            output_dir / "results.json",
+            {
+                "shards_dir": str(shard_set.folder),
+                "built": shard_set.built,
+                "prepare_s": shard_set.seconds,
+                "n_shards": len(shard_set.manifest.shards),
+                "n_samples": shard_set.manifest.n_samples,
+                "samples_skipped": shard_set.skipped,
+            },
+        )
+    return shard_set
+
+
+def _build(cfg: PrepareConfig, root: Path) -> ShardSet:
+    """The shards of the data set at root, built in their local folder (or found there)."""
+    shard_format = formats.get(cfg.format)
     n_procs = max(cfg.n_workers, 1)
-    root = data_root(cfg.data, n_procs=n_procs)
     folder = shards_root(cfg.shards_dir, root, cfg.format)
     try:
         shard_set = ensure_shards(
@@ -66,58 +86,63 @@ def run_prepare(
         raise Interrupted.of(stop, outcome) from error
     verb = "built" if shard_set.built else "checked"
     log.info("%s %s in %.1f s", verb, folder, shard_set.seconds)
-    if output_dir is not None:
-        write_results(
-            output_dir / "results.json",
-            {
-                "shards_dir": str(folder),
-                "built": shard_set.built,
-                "prepare_s": shard_set.seconds,
-                "n_shards": len(shard_set.manifest.shards),
-                "n_samples": shard_set.manifest.n_samples,
-                "samples_skipped": shard_set.skipped,
-            },
-        )
     return shard_set
 
 
-def _upload(cfg: PrepareConfig, output_dir: Path | None) -> None:
+def _upload(cfg: PrepareConfig, output_dir: Path | None) -> ShardSet:
     """prepare.py storage=s3: the data set (the synthetic one generated first) uploaded under
-    storage.url, in its layout, resumably."""
+    storage.url, in its layout; then its shards, built here, uploaded beside it. Resumable."""
     endpoint = client.Endpoint.of(cfg.storage)
     source = credentials_source(endpoint.profile)
     client.configure(endpoint)
     address = parse(cfg.storage.url)
-    set_max_pixels(cfg.data.max_pixels)
-    root = data_root(cfg.data, n_procs=max(cfg.n_workers, 1))
+    n_procs = max(cfg.n_workers, 1)
+    root = data_root(cfg.data, n_procs=n_procs)
     log.info("uploading %s to %s at %s (credentials from %s)", root, address, endpoint.host, source)
+    where = str(address)
     try:
-        done = upload_tree(root, address)
+        data = upload_tree(root, address)
+        _say_uploaded(data, where)
+        shard_set = _build(cfg, root)
+        # The set's manifest records what it was made from as train.py will list it.
+        listing = list_bucket_usable(
+            address,
+            cfg.on_bad_sample,
+            cache_dir(cfg.data.cache_dir),
+            n_procs,
+            data_layout(cfg.data),
+        )
+        where = bucket_folder(cfg.storage.url, cfg.format)
+        shards = upload_set(shard_set, listing, cfg.storage.url)
+        _say_uploaded(shards, where)
     except BaseException as error:
         stop = interruption(error)
         if stop is None:
             raise
-        outcome = f"objects sent so far stay in {address}; the next prepare.py storage=s3 resumes"
+        outcome = f"objects sent so far stay in {where}; the next prepare.py storage=s3 resumes"
         raise Interrupted.of(stop, outcome) from error
-    if done.sent:
-        log.info(
-            "uploaded %d of %d files (%.1f MB) to %s in %.1f s",
-            done.sent, done.files, done.bytes_sent / 1e6, address, done.seconds,
-        )  # fmt: skip
-    else:
-        log.info("%s is up to date: all %d files are there", address, done.files)
-    log.info(
-        "shards are built and read from local folders (prepare.py without storage=s3); the "
-        "loaders that read this bucket are listed in docs/loaders.md"
-    )
     if output_dir is not None:
         write_results(
             output_dir / "results.json",
             {
                 "storage_url": str(address),
-                "uploaded_files": done.sent,
-                "files": done.files,
-                "uploaded_bytes": done.bytes_sent,
-                "upload_s": done.seconds,
+                "shards_url": where,
+                "uploaded_files": data.sent + shards.sent,
+                "files": data.files + shards.files,
+                "uploaded_bytes": data.bytes_sent + shards.bytes_sent,
+                "upload_s": data.seconds + shards.seconds,
+                "n_shards": len(shard_set.manifest.shards),
+                "n_samples": shard_set.manifest.n_samples,
             },
         )
+    return shard_set
+
+
+def _say_uploaded(done: Uploaded, where: str) -> None:
+    if done.sent:
+        log.info(
+            "uploaded %d of %d files (%.1f MB) to %s in %.1f s",
+            done.sent, done.files, done.bytes_sent / 1e6, where, done.seconds,
+        )  # fmt: skip
+    else:
+        log.info("%s is up to date: all %d files are there", where, done.files)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
-from facebench.errors import StorageError
+from facebench.errors import ObjectMissing, StorageError
 from facebench.storage.address import parse
 
 log = logging.getLogger(__name__)
@@ -118,6 +118,14 @@ def _crt(endpoint: Endpoint) -> Any:
 
 def _boto(endpoint: Endpoint) -> Any:
     import boto3
+
+    session = boto3.session.Session(profile_name=endpoint.profile or None)
+    return session.client("s3", **boto_options(endpoint))
+
+
+def boto_options(endpoint: Endpoint) -> dict[str, Any]:
+    """A boto3 S3 client's options for this endpoint (a library that makes its own client, as
+    LitData does, takes them too): its address and addressing, bounded waits and retries."""
     from botocore.config import Config
 
     config = Config(
@@ -128,8 +136,7 @@ def _boto(endpoint: Endpoint) -> Any:
         retries={"max_attempts": endpoint.attempts, "mode": "standard"},
         s3={"addressing_style": "path" if endpoint.path_style else "virtual"},
     )
-    session = boto3.session.Session(profile_name=endpoint.profile or None)
-    return session.client("s3", endpoint_url=endpoint.endpoint or None, config=config)
+    return {"endpoint_url": endpoint.endpoint or None, "config": config}
 
 
 # What the CRT client's and S3's messages say, in lower case -> the kind of failure.
@@ -159,7 +166,7 @@ def failure(url: str, kind: str, detail: str, endpoint: Endpoint) -> StorageErro
     """The one line for a request that failed, naming the object or endpoint and what to do."""
     address = parse(url)
     if kind == "missing":
-        return StorageError(
+        return ObjectMissing(
             f"{url}: no such object (it was listed, or named by the labels). Restore it, or "
             "upload the data again: python prepare.py storage=s3 ..."
         )

@@ -5,7 +5,9 @@ client (facebench/storage/client.py), with the job's endpoint.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import time
 from collections.abc import Iterator
 from typing import Any, NamedTuple
@@ -14,6 +16,7 @@ from facebench.errors import StorageError
 from facebench.storage.address import Address, parse
 from facebench.storage.client import Endpoint, configured, failure, make
 
+PART_BYTES = 8 * 2**20  # put_file's multipart threshold and part size (boto3's defaults)
 _LIST_PAGE = 1000  # ListObjectsV2's largest page
 _PROGRESS_EVERY = 50  # pages (50,000 objects) between progress lines
 
@@ -69,16 +72,34 @@ def head(url: str) -> dict[str, Any] | None:
 
 
 def put_file(url: str, path: str, metadata: dict[str, str]) -> None:
-    """Upload a local file (multipart where it is large) with facebench's metadata."""
+    """Upload a local file (multipart, in PART_BYTES parts, where it is larger) with
+    facebench's metadata."""
+    from boto3.s3.transfer import TransferConfig
+
     address = parse(url)
+    parts = TransferConfig(multipart_threshold=PART_BYTES, multipart_chunksize=PART_BYTES)
     try:
         make("boto").upload_file(
-            path, address.bucket, address.key, ExtraArgs={"Metadata": metadata}
+            path, address.bucket, address.key, ExtraArgs={"Metadata": metadata}, Config=parts
         )
     except _boto_errors() as error:
         raise _boto_failure(url, error, configured()) from None
     except FileNotFoundError:
         raise StorageError(f"{path}: vanished before it was uploaded to {url}") from None
+
+
+def file_etag(path: str) -> str:
+    """The ETag S3 gives the object put_file makes of this file: its MD5, or for a multipart
+    upload the MD5 of its parts' MD5s and their count ("...-3"), so that a listing tells
+    whether an object already holds the file."""
+    digests = []
+    with open(path, "rb") as file:
+        for part in iter(lambda: file.read(PART_BYTES), b""):
+            digests.append(hashlib.md5(part, usedforsecurity=False).digest())
+    if os.path.getsize(path) < PART_BYTES:  # boto3 sends a file of the threshold in parts
+        return (digests[0] if digests else hashlib.md5(b"", usedforsecurity=False).digest()).hex()
+    whole = hashlib.md5(b"".join(digests), usedforsecurity=False).hexdigest()
+    return f"{whole}-{len(digests)}"
 
 
 def put_bytes(url: str, data: bytes, metadata: dict[str, str]) -> None:

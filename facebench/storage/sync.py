@@ -3,12 +3,13 @@ overwriting what facebench did not write.
 
     upload_tree(Path(".cache/synthetic/n6000-seed0-v1"), parse("s3://facebench/data"))
 
-One listing of the prefix says what is there already. A file whose object has its size and MD5
-(the ETag of a single-part upload) is not sent again, so an upload cut short, by SIGKILL even,
-resumes where it stopped. An object with other content is replaced only if facebench wrote it
-(its metadata says so); any other stops the upload before anything is written, naming it.
+One listing of the prefix says what is there already. A file whose object has its size and ETag
+(its MD5, or its parts' for a multipart upload: objects.file_etag) is not sent again, so an
+upload cut short, by SIGKILL even, resumes where it stopped. An object with other content is
+replaced only if facebench wrote it (its metadata says so); any other stops the upload before
+anything is written, naming it.
 
-The prefix's manifest (facebench-upload.json: every key, size and MD5) is written last, after
+The prefix's manifest (facebench-upload.json: every key, size and ETag) is written last, after
 every object is in place, and removed first when anything is about to change: a manifest never
 vouches for objects that are not there.
 """
@@ -58,48 +59,49 @@ def _local_files(root: Path) -> list[str]:
     return sorted(found)
 
 
-def _md5(path: Path) -> str:
-    digest = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _is_ours(url: str) -> bool:
     found = objects.head(url)
     return found is not None and found["metadata"].get(OWNER) == "1"
 
 
-def upload_tree(root: Path, address: Address, threads: int = _THREADS) -> Uploaded:
-    """Upload every file under root to address's prefix; what is there already stays."""
+def upload_tree(
+    root: Path,
+    address: Address,
+    threads: int = _THREADS,
+    files: list[str] | None = None,
+    last: dict[str, bytes] | None = None,
+) -> Uploaded:
+    """Upload every file under root (or those of `files`, relative to it) to address's prefix;
+    what is there already stays. `last`: objects (a shard set's manifest) written after all
+    the others and removed before any of them changes, as facebench's own manifest is."""
     started = time.monotonic()
-    files = _local_files(root)
-    if MANIFEST in files:
+    files = sorted(files) if files is not None else _local_files(root)
+    last = dict(last or {})
+    if MANIFEST in files or MANIFEST in last:
         raise StorageError(f"{root / MANIFEST}: a file named as facebench's manifest; rename it")
     there = {entry.key: (entry.size, entry.etag) for entry in objects.list_objects(address, log)}
-    sums = {name: _md5(root / name) for name in files}
-    to_send = []
-    for name in files:
-        listed = there.get(name)
-        if listed is None:
-            to_send.append(name)
-        elif listed != ((root / name).stat().st_size, sums[name]):
-            url = str(address.child(name))
-            if not _is_ours(url):
-                raise StorageError(
-                    f"{url}: an object facebench did not write is there, with other content "
-                    f"than {root / name}. Nothing was uploaded: move it, or upload to another "
-                    "storage.url"
-                )
-            to_send.append(name)
-    manifest_url = str(address.child(MANIFEST))
-    if not to_send and MANIFEST in there:
+    sums = {name: objects.file_etag(str(root / name)) for name in files}
+    wanted = {name: ((root / name).stat().st_size, sums[name]) for name in files}
+    finals = {name: (len(data), hashlib.md5(data, usedforsecurity=False).hexdigest())
+              for name, data in last.items()}  # fmt: skip
+    changing = [name for name, want in {**wanted, **finals}.items() if there.get(name) != want]
+    for name in changing:
+        if name in there and not _is_ours(str(address.child(name))):
+            raise StorageError(
+                f"{address.child(name)}: an object facebench did not write is there, with other "
+                f"content than {root / name}. Nothing was uploaded: move it, or upload to "
+                "another storage.url"
+            )
+    to_send = [name for name in changing if name in wanted]
+    if not changing and MANIFEST in there:
         return Uploaded(len(files), 0, 0, time.monotonic() - started)
-    if MANIFEST in there:
-        if not _is_ours(manifest_url):
-            raise StorageError(f"{manifest_url}: facebench did not write it; move it away")
-        objects.delete(manifest_url)  # before anything changes, so that it vouches for nothing
+    # Before anything changes, the manifests go, so that they vouch for nothing missing.
+    for name in (MANIFEST, *last):
+        url = str(address.child(name))
+        if name in there:
+            if not _is_ours(url):
+                raise StorageError(f"{url}: facebench did not write it; move it away")
+            objects.delete(url)
     metadata = {OWNER: "1"}
 
     def send(name: str) -> int:
@@ -110,7 +112,10 @@ def upload_tree(root: Path, address: Address, threads: int = _THREADS) -> Upload
     with ThreadPoolExecutor(threads, thread_name_prefix="facebench-upload") as pool:
         for size in progress(pool.map(send, to_send), len(to_send), "uploading", "files", log):
             sent_bytes += size
-    entries = {name: [(root / name).stat().st_size, sums[name]] for name in files}
+    for name, data in last.items():
+        objects.put_bytes(str(address.child(name)), data, metadata)
+    entries = {name: list(wanted[name]) for name in files}
+    entries.update({name: list(final) for name, final in finals.items()})
     body = json.dumps({"files": entries, "source": str(root)}, indent=0).encode()
-    objects.put_bytes(manifest_url, body, metadata)
+    objects.put_bytes(str(address.child(MANIFEST)), body, metadata)
     return Uploaded(len(files), len(to_send), sent_bytes, time.monotonic() - started)
