@@ -170,6 +170,20 @@ def take() -> StageTimes | None:
     return times
 
 
+def take_fetches() -> StageTimes | None:
+    """This thread's GETs since its last take, alone, for a loader whose other work runs in a
+    library's threads and is not timed (DALI's): no stage times and no CPU are claimed for
+    them. None when nothing was fetched or timing is off."""
+    if not _enabled:
+        return None
+    tally = _tally()
+    fetches, tally.fetches = tally.fetches, None
+    if fetches is None:
+        return None
+    zeros = (0,) * len(WORKER_STAGES)
+    return StageTimes(zeros, zeros, 0, (os.getpid(), threading.get_ident()), 0, fetches)
+
+
 def begin_epoch(on: bool) -> StageTotals:
     """In the loop's thread, as an epoch starts (before its workers are forked: they inherit
     the setting): timing on or off, this thread's tally forgotten, so that batches it assembles

@@ -55,4 +55,5 @@ LOADER = LoaderSpec(
     traits=Traits(Handover.normalized, Pixels.exact, Workers.none),
     ceiling=True,
     stage_times=False,  # no worker side: the batch is made once, before the epoch
+    bucket_refusal="it reads no data (the compute ceiling): run it without storage=s3",
 )

@@ -14,6 +14,10 @@ decodes in its threads. `n_workers` is DALI's `num_threads` (0 means one thread)
 reshuffle, the same on every rank, cut into batches; batch b goes to rank b % world_size, so
 ranks get equal counts and each sample once; drop_last: the remainder is left out).
 
+With storage=s3 the external source reads each batch's objects, storage.requests_per_worker
+GETs in flight (DALI's own S3 reader, fn.readers.file over s3:// URLs, would deal the files in
+its own order, not the epoch plan's); the GETs are counted with the batches.
+
 DALI's decoders match PIL on grey and colour JPEGs and 8-bit PNGs; any other file (CMYK JPEG,
 16-bit or palette PNG, other formats) is converted to an 8-bit RGB PNG by PIL first, so every
 loader delivers the same pixels. A file DALI cannot decode is found by decoding that batch's files
@@ -30,9 +34,10 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from facebench import stages
 from facebench.config import LoaderConfig, Workers
 from facebench.data.fast_decode import encoded_size, jpeg_components
-from facebench.data.images import CELEBA_BOX, check_size, decode_sample
+from facebench.data.images import CELEBA_BOX, check_size, decode_sample, read_file, read_files
 from facebench.data.sources import CELEBA, Record
 from facebench.errors import FacebenchError
 from facebench.host.extras import Requirement
@@ -84,12 +89,13 @@ class Source:
     def __call__(self, info: object = None) -> tuple[list[np.ndarray], ...]:
         chosen = next(self.batches).tolist()  # StopIteration ends DALI's epoch
         self.fed.append(chosen)
-        encoded = []
-        for position in chosen:
-            path = self.records[position].path
-            with open(path, "rb") as file:
-                data = as_dali_input(file.read(), path)
-            encoded.append(np.frombuffer(data, dtype=np.uint8))
+        paths = [self.records[position].path for position in chosen]
+        # Files one after another; objects storage.requests_per_worker GETs at a time.
+        files = read_files(paths)
+        encoded = [
+            np.frombuffer(as_dali_input(data, path), dtype=np.uint8)
+            for data, path in zip(files, paths, strict=True)
+        ]
         celeba = list(self.celeba[chosen])
         ids = list(np.array(chosen, dtype=np.int64).reshape(-1, 1))
         return encoded, celeba, ids
@@ -171,7 +177,10 @@ class DaliBatches:
                 self.source.fed.popleft()
                 ids = output["ids"].view(-1).cpu()
                 labels = torch.from_numpy(self.labels[ids.numpy()])
-                yield uint8_batch(output["images"], labels, ids, self.plan)
+                batch = uint8_batch(output["images"], labels, ids, self.plan)
+                # From a bucket, the source's GETs, made in this thread when DALI asked for a
+                # batch (it may run a batch or two ahead): counted with the batch it hands over.
+                yield batch._replace(stages=stages.take_fetches())
         finally:
             # Stopped now, not whenever the last reference goes: a pipeline object left to the
             # garbage collector is copied into every worker a later loader forks, and its
@@ -185,8 +194,7 @@ class DaliBatches:
         for position in self.source.fed[0] if self.source.fed else []:
             record = self.records[position]
             try:
-                with open(record.path, "rb") as file:
-                    decode_sample(file.read(), record.source, record.path)
+                decode_sample(read_file(record.path), record.source, record.path)
             except FacebenchError as bad:
                 return bad
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
@@ -211,4 +219,5 @@ LOADER = LoaderSpec(
     requires=Requirement("nvidia.dali", "dali"),
     # Decoding and resizing run in DALI's own threads, which report no per-stage times.
     stage_times=False,
+    bucket_refusal=None,  # its external source reads the objects (storage/client.py)
 )

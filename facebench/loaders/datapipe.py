@@ -8,7 +8,9 @@
       .load_images(transform)
 
 Folder data (data=folder): a FileLister over the class folders, or the labels CSV's rows, in place
-of the two sources.
+of the two sources. From a bucket (storage=s3), a lister of the objects under the prefix
+(ListObjectsV2, paged, in each worker as the FileLister is) stands in for the FileLister, and
+each batch's objects are fetched together, storage.requests_per_worker GETs in flight.
 
 Kept as the article built it, costs included: every worker lists every file and fills its own
 shuffle buffer of `shuffle_buffer` records before yielding anything (time to first batch, and a
@@ -38,11 +40,13 @@ from facebench import stages
 from facebench.config import Decoder, LoaderConfig
 from facebench.data.folder import FOLDER, class_folder_of, image_extensions, is_image_name
 from facebench.data.sample_ids import SampleIds
-from facebench.data.sources import CELEBA, DIGIFACE, LabelSpace, digiface_record
+from facebench.data.sources import CELEBA, DIGIFACE, LabelSpace, Record, digiface_record
 from facebench.loaders import shared
 from facebench.loaders.decoding import DecodeStage
 from facebench.loaders.shared import Batch, LoaderContext, data_loader
 from facebench.loaders.spec import LoaderSpec, decoder_traits
+from facebench.storage import objects
+from facebench.storage.address import in_bucket, parse
 
 PipeRecord = tuple[str, int, str, int]  # path, label, source, sample id
 
@@ -121,6 +125,32 @@ class TakeFirst(IterDataPipe):
         yield from itertools.islice(self.source_datapipe, self.n)
 
 
+class BucketLister(IterDataPipe):
+    """The s3:// address of every object under a prefix, as FileLister gives a folder's files:
+    one paged ListObjectsV2, made where it is iterated (in each worker, inside the clock)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def __iter__(self) -> Iterator[str]:
+        address = parse(self.prefix)
+        for entry in objects.list_objects(address):
+            yield str(address.child(entry.key))
+
+
+def _lister(folder: str, png_only: bool) -> IterDataPipe:
+    """A folder's files, or a prefix's objects, recursively."""
+    if in_bucket(folder):
+        found = BucketLister(folder)
+        return found.filter(IsPng()) if png_only else found
+    return FileLister(folder, masks="*.png" if png_only else "", recursive=True)
+
+
+class IsPng:
+    def __call__(self, path: str) -> bool:
+        return path.endswith(".png")
+
+
 @torch.utils.data.functional_datapipe("timed_as_read")
 class TimedAsRead(IterDataPipe):
     """The records as the listing and the shuffle buffer give them; the time to get each is
@@ -144,7 +174,8 @@ class ImageBatchLoader(IterDataPipe):
 
     def __iter__(self) -> Iterator[Batch]:
         for records in self.source_datapipe:
-            samples = [self.stage.sample(self.stage.read(p), s, p) for p, _, s, _ in records]
+            # Files read and decoded one by one; a bucket's objects fetched together first.
+            samples = self.stage.samples([Record(p, label, s) for p, label, s, _ in records])
             labels = torch.tensor([label for _, label, _, _ in records])
             ids = torch.tensor([sample_id for _, _, _, sample_id in records])
             yield self.stage.batch(samples, labels, ids)
@@ -162,12 +193,13 @@ def listed(ctx: LoaderContext) -> IterDataPipe:
         root = str(ctx.data_root)
         ids = SampleIds([r.path for r in ctx.records])
         classes = ctx.labels.class_map()
-        files = FileLister(root, recursive=True).filter(KeepClassImage(root, classes, ctx.excluded))
+        files = _lister(root, png_only=False).filter(KeepClassImage(root, classes, ctx.excluded))
         return files.map(FolderRecord(root, classes, ids))
     celeba = [record for record in records if record[2] == CELEBA]
     ids = SampleIds([r.path for r in ctx.records if r.source != CELEBA], offset=len(celeba))
-    folder = str(Path(ctx.data_root) / DIGIFACE)
-    digiface = FileLister(folder, masks="*.png", recursive=True).filter(Keep(folder, ctx.excluded))
+    root = str(ctx.data_root)
+    folder = str(parse(root).child(DIGIFACE)) if in_bucket(root) else str(Path(root) / DIGIFACE)
+    digiface = _lister(folder, png_only=True).filter(Keep(folder, ctx.excluded))
     return IterableWrapper(celeba, deepcopy=False).concat(
         digiface.map(DigiFaceRecord(ctx.labels, ids))
     )
@@ -206,4 +238,5 @@ LOADER = LoaderSpec(
     build=build,
     worker_memory=worker_memory,
     traits=decoder_traits(),
+    bucket_refusal=None,
 )

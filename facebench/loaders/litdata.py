@@ -61,16 +61,6 @@ def _take_downloads() -> None:
         stages.fetched(size, latency, latency, 0, 0)
 
 
-def _count(remote: str, local: str, there: bool, started: int) -> None:
-    """A chunk this call fetched, for the next item read in this process. Not the index, which
-    the main process fetches once before the epoch (its forked workers would count it again)."""
-    if there or not os.path.exists(local) or remote.endswith(litdata_format.INDEX):
-        return
-    latency = time.perf_counter_ns() - started
-    with _downloads_lock:
-        _downloads.append((os.path.getsize(local), latency))
-
-
 @functools.cache
 def _counting_downloader() -> type:
     """LitData's S3 downloader, each chunk it downloads counted (registered for s3:// on first
@@ -78,17 +68,31 @@ def _counting_downloader() -> type:
     from litdata.streaming.downloader import S3Downloader, register_downloader
 
     class CountingS3Downloader(S3Downloader):
-        # LitData fetches a chunk by one of two paths (its prefetch thread's asyncio loop, or
-        # a plain call): each is counted.
+        """Counts each chunk where LitData publishes a download (once per object fetched,
+        whichever of its sync or asyncio paths fetched it; a chunk another worker is fetching
+        is waited for, not fetched again), timed from when it was asked for."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._asked: dict[str, int] = {}
+
         def download_file(self, remote_filepath: str, local_filepath: str) -> None:
-            there, started = os.path.exists(local_filepath), time.perf_counter_ns()
+            self._asked.setdefault(local_filepath, time.perf_counter_ns())
             super().download_file(remote_filepath, local_filepath)
-            _count(remote_filepath, local_filepath, there, started)
 
         async def adownload_file(self, remote_filepath: str, local_filepath: str) -> None:
-            there, started = os.path.exists(local_filepath), time.perf_counter_ns()
+            self._asked.setdefault(local_filepath, time.perf_counter_ns())
             await super().adownload_file(remote_filepath, local_filepath)
-            _count(remote_filepath, local_filepath, there, started)
+
+        def _publish_file(self, tmp_path: str, local_filepath: str) -> None:
+            size = os.path.getsize(tmp_path)
+            asked = self._asked.pop(local_filepath, None)
+            super()._publish_file(tmp_path, local_filepath)
+            # Not the index, which the main process fetches once before the epoch (its forked
+            # workers would each count it again).
+            if asked is not None and not local_filepath.endswith(litdata_format.INDEX):
+                with _downloads_lock:
+                    _downloads.append((size, time.perf_counter_ns() - asked))
 
     register_downloader("s3://", CountingS3Downloader, overwrite=True)
     return CountingS3Downloader

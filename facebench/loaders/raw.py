@@ -19,10 +19,17 @@ straight into pinned memory, from which the copy to the device does not wait.
 The shard files are opened once per epoch and checked against the manifest the run started
 with; an open file keeps its bytes even if prepare.py replaces it meanwhile, so an epoch never
 mixes two shard sets.
+
+From a bucket (storage=s3, the set prepare.py storage=s3 format=raw uploads), each sample is a
+range GET of its 37,632 bytes (its position in the shard is known: no listing, no header but
+each shard's, read once an epoch), storage.requests_per_worker of them in flight per gathering
+thread. A batch's samples are scattered over the whole set, so ranges rarely touch: nothing is
+coalesced. The GETs are counted with the batch of the thread that gathered them.
 """
 
 from __future__ import annotations
 
+import io
 import os
 from collections import deque
 from collections.abc import Iterator
@@ -34,13 +41,14 @@ import torch
 
 from facebench import stages
 from facebench.config import LoaderConfig, Workers
-from facebench.errors import ShardError
+from facebench.errors import ObjectMissing, ShardError
 from facebench.host.resources import batch_bytes
 from facebench.loaders.shardsets import OpenShardSet, open_shard_set
 from facebench.loaders.shared import Batch, LoaderContext, stamped
 from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits
 from facebench.shards import raw_format
-from facebench.shards.manifest import read_index
+from facebench.shards.manifest import entry_path, missing_shard, read_index
+from facebench.storage import client
 
 
 class RawBatches:
@@ -61,11 +69,16 @@ class RawBatches:
         self.pin = ctx.pin_memory
         self.n_threads = ctx.n_workers
         self.ahead = max(1, ctx.n_workers) * ctx.options.prefetch_factor
+        # From a bucket, while an epoch runs: the shards' addresses and the pool of GETs.
+        self.gets: tuple[list[str], ThreadPoolExecutor] | None = None
 
     def __len__(self) -> int:
         return self.plan.n_batches  # whole batches, the same number for every rank
 
     def __iter__(self) -> Iterator[Batch]:
+        if isinstance(self.folder, str):
+            yield from self._from_bucket()
+            return
         files = self._open()
         try:
             mine = self.plan.batches()
@@ -92,6 +105,36 @@ class RawBatches:
             finally:
                 for future in pending:
                     future.cancel()
+
+    def _from_bucket(self) -> Iterator[Batch]:
+        urls = [str(entry_path(self.folder, shard.name)) for shard in self.shards]
+        self.data_starts = [self._header_end(url) for url in urls]
+        in_flight = client.configured().in_flight * max(1, self.n_threads)
+        with ThreadPoolExecutor(in_flight, thread_name_prefix="raw-get") as pool:
+            self.gets = (urls, pool)
+            try:
+                mine = self.plan.batches()
+                if self.n_threads == 0:
+                    for positions in mine:
+                        yield self._batch([], positions)
+                    return
+                yield from self._threaded([], mine)
+            finally:
+                self.gets = None
+
+    def _header_end(self, url: str) -> int:
+        """Where a shard object's images start, from a range GET of its header."""
+        size = next(shard.bytes for shard in self.shards if url.endswith(f"/{shard.name}"))
+        reply = self._get(url, (0, min(size, raw_format.HEADER_BYTES)))
+        _count(reply)
+        return raw_format.header_end(io.BytesIO(reply.data), url, self.resize)
+
+    def _get(self, url: str, byte_range: tuple[int, int]) -> client.Reply:
+        try:
+            return client.get(url, byte_range)
+        except ObjectMissing:
+            with self.guard.reading(url):  # a set rebuilt meanwhile says so
+                raise missing_shard(url) from None
 
     def _open(self) -> list[int]:
         """Each shard's file, checked against the manifest; where its images start."""
@@ -130,10 +173,42 @@ class RawBatches:
         return stamped(Batch(images, labels, ids, self.plan.offsets(ids)), start)
 
     def _gather(self, files: list[int], positions: np.ndarray, out: np.ndarray) -> None:
-        """Read the samples at these (sorted) global positions into out, one pread each."""
-        short = raw_format.gather(files, self.data_starts, self.starts, positions, out)
+        """Read the samples at these (sorted) global positions into out, one pread each (one
+        range GET each, from a bucket)."""
+        if self.gets is not None:
+            short = self._gather_objects(positions, out)
+        else:
+            short = raw_format.gather(files, self.data_starts, self.starts, positions, out)
         if short is not None:
-            raise ShardError(f"{self.folder / self.shards[short].name}: shorter than recorded")
+            raise ShardError(
+                f"{entry_path(self.folder, self.shards[short].name)}: shorter than recorded"
+            )
+
+    def _gather_objects(self, positions: np.ndarray, out: np.ndarray) -> int | None:
+        urls, pool = self.gets
+        record = out[0].nbytes
+        rows = out.reshape(len(positions), record)
+        shard_of = np.searchsorted(self.starts, positions, side="right") - 1
+        offsets = (
+            np.asarray(self.data_starts)[shard_of] + (positions - self.starts[shard_of]) * record
+        )
+        wanted = [
+            (urls[s], (o, o + record))
+            for s, o in zip(shard_of.tolist(), offsets.tolist(), strict=True)
+        ]
+        replies = list(pool.map(lambda get: self._get(*get), wanted))
+        for row, reply, shard in zip(rows, replies, shard_of.tolist(), strict=True):
+            _count(reply)  # in this thread: with the batch it gathers
+            if len(reply.data) != record:
+                return shard
+            row[:] = np.frombuffer(reply.data, dtype=np.uint8)
+        return None
+
+
+def _count(reply: client.Reply) -> None:
+    stages.fetched(
+        len(reply.data), reply.latency_ns, reply.first_byte_ns, reply.retries, reply.throttled
+    )
 
 
 def worker_memory(ctx: LoaderContext) -> int:
@@ -156,4 +231,5 @@ LOADER = LoaderSpec(
     worker_memory=worker_memory,
     traits=Traits(Handover.uint8, Pixels.exact, Workers.thread),
     shard_format="raw",
+    bucket_refusal=None,
 )

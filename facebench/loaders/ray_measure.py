@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from facebench.fetches import BUCKETS, Fetches
 from facebench.stages import WORKER_STAGES, StageTimes
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,31 @@ def stage_times(rows: torch.Tensor) -> StageTimes | None:
         first[2 * _N],
         (first[2 * _N + 1], first[2 * _N + 2]),
         first[2 * _N + 3],
+    )
+
+
+# A batch's GETs from a bucket (facebench/fetches.py), as one row of int64: requests, bytes,
+# retries, 503s, then the latency and first-byte histograms. A column of its own, present only
+# where the data come from a bucket.
+_FETCH_COLUMNS = 4 + 2 * BUCKETS
+
+
+def fetch_rows(fetches: Fetches, n: int) -> np.ndarray:
+    """A batch's GETs as an (n, columns) int64 array, in its first row."""
+    rows = np.zeros((n, _FETCH_COLUMNS), dtype=np.int64)
+    if n:
+        head = [fetches.requests, fetches.bytes, fetches.retries, fetches.throttled]
+        rows[0] = [*head, *fetches.latency, *fetches.first_byte]
+    return rows
+
+
+def fetches_of(rows: torch.Tensor) -> Fetches | None:
+    """The GETs `fetch_rows` put in the batch's first row; None where there were none."""
+    first = rows[0].tolist() if len(rows) else []
+    if not first or not first[0]:
+        return None
+    return Fetches(
+        first[0], first[1], first[2], first[3], first[4 : 4 + BUCKETS], first[4 + BUCKETS :]
     )
 
 

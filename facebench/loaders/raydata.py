@@ -26,6 +26,11 @@ statistics (`Dataset.stats()`) are logged after each epoch and kept as ray_* met
 count, the nodes used, the tasks' CPU time (the four stages together plus Ray's block building:
 not broken down) and the time the loop was blocked on Ray's iterator (facebench's `wait`).
 
+From a bucket (storage=s3) each task fetches its batch's objects with the job's endpoint (it
+travels in LoadBatch; the credentials come from the task's environment, which a local Ray
+inherits from the job and a cluster's nodes must have), storage.requests_per_worker GETs in
+flight, and the GETs travel with the batch in a column of their own.
+
 A sample that fails to decode ends the epoch with its own error. A Ray worker that dies ends it
 too, in one line (Ray Data would run the batch again, forever: `loader.max_retries` allows that
 many runs again).
@@ -33,6 +38,7 @@ many runs again).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import warnings
@@ -47,13 +53,22 @@ from facebench import stages
 from facebench.config import Decoder, LoaderConfig, Workers
 from facebench.data.records import Record
 from facebench.errors import FacebenchError, LoaderFailure
+from facebench.fetches import Fetches
 from facebench.host.extras import Requirement
 from facebench.host.resources import batch_bytes
 from facebench.loaders.decoding import DecodeStage
 from facebench.loaders.ray_cluster import first_line, ray_cluster
-from facebench.loaders.ray_measure import ray_metrics, stage_rows, stage_times
+from facebench.loaders.ray_measure import (
+    fetch_rows,
+    fetches_of,
+    ray_metrics,
+    stage_rows,
+    stage_times,
+)
 from facebench.loaders.shared import Batch, LoaderContext
 from facebench.loaders.spec import LoaderSpec, decoder_traits
+from facebench.storage import client
+from facebench.storage.address import in_bucket
 
 log = logging.getLogger(__name__)
 
@@ -92,12 +107,15 @@ class LoadBatch:
     """In a Ray task: one batch's rows (sample id, path, label, source) -> its columns, by the
     shared decode stage, with its stage times as a column (on the first row)."""
 
-    def __init__(self, stage: DecodeStage, timing: bool) -> None:
+    def __init__(self, stage: DecodeStage, timing: bool, endpoint: client.Endpoint | None) -> None:
         self.stage = stage
         self.timing = timing
+        self.endpoint = endpoint  # data in a bucket: the job's endpoint, for the task's client
 
     def __call__(self, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         stages.set_timing(self.timing)  # a Ray worker is a process of its own
+        if self.endpoint is not None:
+            client.configure(self.endpoint)  # the same one again keeps its clients
         items = [
             (int(sample_id), Record(os.fsdecode(path), int(label), str(source)))
             for sample_id, path, label, source in zip(
@@ -116,6 +134,9 @@ class LoadBatch:
         }
         if batch.offsets is not None:
             columns["offsets"] = batch.offsets.numpy()
+        if self.endpoint is not None:  # every batch's column, as Ray's blocks need
+            fetches = batch.stages.fetches if batch.stages is not None else None
+            columns["fetches"] = fetch_rows(fetches or Fetches(), len(items))
         return columns
 
 
@@ -128,7 +149,10 @@ class RayBatches:
         self.records = ctx.records
         self.batch_size = ctx.batch_size
         self.options = ctx.options
-        self.load = LoadBatch(DecodeStage.of(ctx), stages.timing())
+        bucket = in_bucket(str(ctx.data_root))
+        self.load = LoadBatch(
+            DecodeStage.of(ctx), stages.timing(), client.configured() if bucket else None
+        )
         self.batches_per_task = max(1, ctx.options.images_per_task // ctx.batch_size)
         self.dataset: Any = None
 
@@ -182,12 +206,15 @@ class RayBatches:
         try:
             with ray_errors():
                 for batch in batches:
+                    times = stage_times(batch["stages"])
+                    if "fetches" in batch and times is not None:
+                        times = dataclasses.replace(times, fetches=fetches_of(batch["fetches"]))
                     yield Batch(
                         batch["images"],
                         batch["labels"],
                         batch["ids"],
                         batch.get("offsets"),
-                        stages=stage_times(batch["stages"]),
+                        stages=times,
                     )
         finally:
             batches.close()  # an epoch cut short: Ray Data's executor stops now, not at GC
@@ -281,4 +308,5 @@ LOADER = LoaderSpec(
     session=session,
     # Ray's object store holds the batches, in /dev/shm or, where that is too small, /tmp.
     through_shared_memory=False,
+    bucket_refusal=None,  # each task's GETs, with the job's endpoint (LoadBatch)
 )

@@ -120,10 +120,7 @@ class LoaderSpec:
         if storage == "local" and self.local_refusal is not None:
             raise ConfigError(f"{name} with storage=local: {self.local_refusal}")
         if storage != "local" and self.bucket_refusal is not None:
-            raise ConfigError(
-                f"{name} with storage={storage}: {self.bucket_refusal}. The loaders that read "
-                'from a bucket are listed in docs/loaders.md ("Data in a bucket")'
-            )
+            raise ConfigError(f"{name} with storage={storage}: {self.bucket_refusal}")
 
     def set_up_job(self, ctx: LoaderContext) -> dict[str, float]:
         """Its preparation, once per job, outside the clock: by default, build its shards if

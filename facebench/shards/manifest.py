@@ -177,10 +177,7 @@ def read_verified(path: Path | str, sha256: str) -> bytes:
         try:
             data = read_file(path)  # one GET, counted in the run's storage_* metrics
         except ObjectMissing:
-            raise ShardError(
-                f"{path}: no such object, though the set's manifest names it. Upload the shards "
-                "again: python prepare.py storage=s3 format=... with the same settings"
-            ) from None
+            raise missing_shard(path) from None
     else:
         data = Path(path).read_bytes()
     actual = hashlib.sha256(data).hexdigest()
@@ -190,6 +187,14 @@ def read_verified(path: Path | str, sha256: str) -> bytes:
             "refusing to load it. Rebuild the shards with prepare.py"
         )
     return data
+
+
+def missing_shard(url: str) -> ShardError:
+    """A shard the manifest names that is not in the bucket (deleted since the run checked)."""
+    return ShardError(
+        f"{url}: no such object, though the set's manifest names it. Upload the shards again: "
+        "python prepare.py storage=s3 format=... with the same settings"
+    )
 
 
 def encode_index(ids: list[int], labels: list[int]) -> bytes:

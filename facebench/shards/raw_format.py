@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import os
+from typing import BinaryIO
 
 import numpy as np
 from torchvision.transforms import functional
@@ -65,29 +66,35 @@ def estimate_bytes(sizes: list[int], records: list[Record], resize: int) -> list
     return [128 + size * int(np.prod(shape(resize))) for size in sizes]
 
 
+HEADER_BYTES = 4096  # enough for any header this format writes (numpy pads it to 64 bytes)
+
+
 def data_offset(fd: int, path: str, resize: int) -> int:
     """Where the images start in an open shard file, after checking its .npy header says
     (n, resize, resize, 3) uint8 in C order (pickled objects are refused)."""
     with os.fdopen(os.dup(fd), "rb") as file:
         file.seek(0)
-        try:
-            version = np.lib.format.read_magic(file)
-            read_header = (
-                np.lib.format.read_array_header_1_0
-                if version == (1, 0)
-                else np.lib.format.read_array_header_2_0
-            )
-            found, fortran, dtype = read_header(file)
-        except ValueError as error:
-            raise ShardError(
-                f"{path}: not a raw shard ({error}); rebuild with prepare.py"
-            ) from None
-        if dtype != np.uint8 or tuple(found[1:]) != shape(resize) or fortran:
-            raise ShardError(
-                f"{path}: holds {dtype} {found}, not {resize}x{resize} images; rebuild with "
-                "prepare.py format=raw"
-            )
-        return file.tell()
+        return header_end(file, path, resize)
+
+
+def header_end(file: BinaryIO, path: str, resize: int) -> int:
+    """The same, from a shard's first bytes (a file at its start, or a range GET's bytes)."""
+    try:
+        version = np.lib.format.read_magic(file)
+        read_header = (
+            np.lib.format.read_array_header_1_0
+            if version == (1, 0)
+            else np.lib.format.read_array_header_2_0
+        )
+        found, fortran, dtype = read_header(file)
+    except ValueError as error:
+        raise ShardError(f"{path}: not a raw shard ({error}); rebuild with prepare.py") from None
+    if dtype != np.uint8 or tuple(found[1:]) != shape(resize) or fortran:
+        raise ShardError(
+            f"{path}: holds {dtype} {found}, not {resize}x{resize} images; rebuild with "
+            "prepare.py format=raw"
+        )
+    return file.tell()
 
 
 FORMAT = ShardFormat(
