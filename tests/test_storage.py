@@ -411,7 +411,10 @@ def test_refusals_before_any_run(
     with pytest.raises(StorageError, match=r"s3://nobucket: no such bucket at 127.0.0.1:\d+"):
         run_training(make_cfg(*s3.overrides("s3://nobucket/x")), output_dir=tmp_path)
     with pytest.raises(ConfigError, match=r"loader=ceiling with storage=s3: it reads no data"):
-        run_training(make_cfg("loader=ceiling", *s3.overrides(uploaded)), output_dir=tmp_path)
+        run_training(
+            make_cfg("loader=ceiling", "model=resnet18", *s3.overrides(uploaded)),
+            output_dir=tmp_path,
+        )
     os.environ["AWS_SECRET_ACCESS_KEY"] = "wrong"
     client._clients.clear()
     try:
