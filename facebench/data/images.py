@@ -99,7 +99,7 @@ def bad_image(path: str, error: Exception) -> BadImage:
 def read_file(path: str) -> bytes:
     """A sample's file, whole: a local file, or an object (one GET, counted with the batch)."""
     if in_bucket(path):
-        return _counted(client.get(path))
+        return counted(client.get(path))
     try:
         with open(path, "rb") as file:
             data = file.read()
@@ -124,10 +124,10 @@ def read_files(paths: list[str]) -> list[bytes]:
     requests_per_worker), local files one after another."""
     if not paths or not in_bucket(paths[0]):
         return [read_file(path) for path in paths]
-    return [_counted(reply) for reply in client.get_many(paths)]
+    return [counted(reply) for reply in client.get_many(paths)]
 
 
-def _counted(reply: client.Reply) -> bytes:
+def counted(reply: client.Reply) -> bytes:
     """A GET's bytes, the GET counted for the batch this thread assembles next."""
     stages.fetched(
         len(reply.data), reply.latency_ns, reply.first_byte_ns, reply.retries, reply.throttled

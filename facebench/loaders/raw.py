@@ -41,6 +41,7 @@ import torch
 
 from facebench import stages
 from facebench.config import LoaderConfig, Workers
+from facebench.data.images import counted
 from facebench.errors import ObjectMissing, ShardError
 from facebench.host.resources import batch_bytes
 from facebench.loaders.shardsets import OpenShardSet, open_shard_set
@@ -125,8 +126,7 @@ class RawBatches:
     def _header_end(self, url: str) -> int:
         """Where a shard object's images start, from a range GET of its header."""
         size = next(shard.bytes for shard in self.shards if url.endswith(f"/{shard.name}"))
-        reply = self._get(url, (0, min(size, raw_format.HEADER_BYTES)))
-        _count(reply)
+        reply = self._get(url, (0, min(size, raw_format.HEADER_BYTES)))  # not counted: once
         return raw_format.header_end(io.BytesIO(reply.data), url, self.resize)
 
     def _get(self, url: str, byte_range: tuple[int, int]) -> client.Reply:
@@ -198,17 +198,11 @@ class RawBatches:
         ]
         replies = list(pool.map(lambda get: self._get(*get), wanted))
         for row, reply, shard in zip(rows, replies, shard_of.tolist(), strict=True):
-            _count(reply)  # in this thread: with the batch it gathers
+            counted(reply)  # in this thread: with the batch it gathers
             if len(reply.data) != record:
                 return shard
             row[:] = np.frombuffer(reply.data, dtype=np.uint8)
         return None
-
-
-def _count(reply: client.Reply) -> None:
-    stages.fetched(
-        len(reply.data), reply.latency_ns, reply.first_byte_ns, reply.retries, reply.throttled
-    )
 
 
 def worker_memory(ctx: LoaderContext) -> int:
