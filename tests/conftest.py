@@ -172,6 +172,14 @@ def _end_ray_here() -> None:
         ray.shutdown()
 
 
+@pytest.fixture
+def ray_with_this_environment() -> None:
+    """This process's Ray started again, so that its tasks get the environment as it is now
+    (credentials a test module set after an earlier module started Ray)."""
+    _end_ray_here()
+    _ray_here()
+
+
 @pytest.fixture(autouse=True)
 def _ray_only_for_its_cases(request: pytest.FixtureRequest) -> Iterator[None]:
     """A loader=raydata case shares this process's Ray instance; any other test runs with no

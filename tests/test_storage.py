@@ -189,8 +189,16 @@ def test_folder_layout_from_a_bucket(
 @pytest.mark.parametrize("name", BUCKET_LOADERS)
 @pytest.mark.parametrize("n_workers", [0, 2])
 def test_loader_reads_the_bucket_exactly_once(
-    name: str, n_workers: int, s3: server.Running, uploaded: str, synthetic_root: Path, make_cfg
+    name: str,
+    n_workers: int,
+    s3: server.Running,
+    uploaded: str,
+    synthetic_root: Path,
+    make_cfg,
+    request: pytest.FixtureRequest,
 ) -> None:
+    if name == "raydata":  # Ray's tasks take the environment Ray started with: the credentials
+        request.getfixturevalue("ray_with_this_environment")
     cfg = make_cfg(
         f"loader={name}", f"n_workers={n_workers}", "loader.crop=center", *s3.overrides(uploaded)
     )
@@ -400,7 +408,10 @@ def test_upload_killed_then_restarted(s3: server.Running, tmp_path: Path, cache:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     complete = listed(url)
-    assert MANIFEST in complete and len(complete) == 601 + 1
+    data = [key for key in complete if not key.startswith("facebench-shards/")]
+    assert MANIFEST in complete and len(data) == 601 + 1
+    # Then the shards (format=pickle, the default), their set's manifest last.
+    assert "facebench-shards/pickle/manifest.json" in complete
 
 
 def test_refusals_before_any_run(
