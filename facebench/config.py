@@ -201,6 +201,14 @@ class StorageConfig:
     # Attempts per request before a read fails (S3's 503 SlowDown and dropped connections are
     # retried, with backoff).
     attempts: int = 3
+    # A bucket's distance, emulated by a relay train.py runs in front of an http:// endpoint
+    # (facebench/storage/distance.py) for every client alike; 0 turns each off. Latency before
+    # each response's first byte; bandwidth per connection and over all of them (megabits a
+    # second); past requests_per_s, 503 SlowDown.
+    latency_ms: float = 0.0
+    bandwidth_mbps: float = 0.0
+    total_mbps: float = 0.0
+    requests_per_s: float = 0.0
 
 
 @dataclass

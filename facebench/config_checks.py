@@ -94,8 +94,11 @@ def _amount_problems(cfg: DictConfig) -> list[str]:
 
 def _storage_problems(storage: DictConfig | None) -> list[str]:
     """A bucket's address and endpoint, in the forms the clients take."""
-    if storage is None or storage.get("name") == "local":
+    if storage is None:
         return []
+    if storage.get("name") == "local":
+        emulated = [key for key in _DISTANCE if (storage.get(key) or 0) != 0]
+        return [f"storage.{key}: a bucket's distance, for storage=s3 only" for key in emulated]
     problems = []
     url = storage.get("url") or ""
     if not _BUCKET_URL.match(url):
@@ -109,12 +112,23 @@ def _storage_problems(storage: DictConfig | None) -> list[str]:
             f"storage.endpoint={endpoint}: give it as http://host:port or https://host "
             "(empty: AWS's own)"
         )
+    emulated = [key for key in _DISTANCE if (storage.get(key) or 0) != 0]
+    for key in emulated:
+        if storage.get(key) < 0:
+            problems.append(f"storage.{key}={storage.get(key)}: must be 0 (off) or more")
+    if emulated and not endpoint.startswith("http://"):
+        problems.append(
+            f"storage.{emulated[0]}: a distance is emulated by a relay in front of a plain "
+            f"http:// endpoint (the local server's), not {endpoint or 'AWS'}: a real bucket's "
+            "distance is already there"
+        )
     return problems
 
 
 # A bucket's name as S3 allows it (3-63 lower-case letters, digits, dots, hyphens), then a prefix.
 _BUCKET_URL = re.compile(r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$")
 _ENDPOINT = re.compile(r"^https?://[^/\s]+/?$")
+_DISTANCE = ("latency_ms", "bandwidth_mbps", "total_mbps", "requests_per_s")
 
 _AT_LEAST_ONE = (
     "accelerators_per_host",

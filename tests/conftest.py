@@ -24,6 +24,7 @@ from facebench.data.synthetic import ensure_synthetic
 from facebench.host.paths import PROJECT_ROOT
 from facebench.host.printable import printable
 from facebench.run.entry import configure
+from facebench.storage import client, server
 from tests.helpers import FAST_LOADERS, LOADERS
 
 CONF_DIR = str(PROJECT_ROOT / "conf")
@@ -334,3 +335,23 @@ def _sweeps(item) -> list[str] | None:
 def _loader_of(item) -> str | None:
     params = getattr(item, "callspec", None)
     return params and (params.params.get("loader") or params.params.get("name"))
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[server.Running]:
+    """A local object server for the module that asks for it, its credentials in the
+    environment, and a bucket (the server and its client: pip install -e '.[s3server]')."""
+    root = tmp_path_factory.mktemp("s3server")
+    saved = {name: os.environ.get(name) for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    with server.local_server(root) as running:
+        os.environ.update(running.environment())
+        client.configure(client.Endpoint(running.endpoint, server.REGION, True))
+        try:
+            yield running
+        finally:
+            client.configure(None)
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value

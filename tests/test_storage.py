@@ -58,25 +58,6 @@ SHARD_LOADERS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[server.Running]:
-    """A local object server for this module, its credentials in the environment, and a bucket."""
-    root = tmp_path_factory.mktemp("s3server")
-    saved = {name: os.environ.get(name) for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    with server.local_server(root) as running:
-        os.environ.update(running.environment())
-        client.configure(client.Endpoint(running.endpoint, server.REGION, True))
-        try:
-            yield running
-        finally:
-            client.configure(None)
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
-
-
 @pytest.fixture(autouse=True)
 def endpoint(s3: server.Running) -> Iterator[client.Endpoint]:
     """Each test starts with the client pointed at the module's server."""

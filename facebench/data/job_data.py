@@ -16,6 +16,7 @@ from facebench.host.paths import cache_dir
 from facebench.storage import client
 from facebench.storage.address import parse
 from facebench.storage.credentials import credentials_source
+from facebench.storage.distance import Distance
 
 
 @dataclass(frozen=True)
@@ -34,14 +35,15 @@ class JobData:
         return {"samples_skipped": float(self.skipped), "listing_s": self.listing_s}
 
 
-def list_data(cfg: TrainConfig, world: World) -> JobData:
-    """Generate (synthetic) or find the data, list every sample, check the files are usable."""
+def list_data(cfg: TrainConfig, world: World, via: str = "") -> JobData:
+    """Generate (synthetic) or find the data, list every sample, check the files are usable.
+    `via`: the relay that emulates a bucket's distance, where the job runs one."""
     set_max_pixels(cfg.data.max_pixels)  # before any worker is forked: they inherit it
     if not world.is_main:  # rank 0 generates (or checks) the data; the others wait and reuse it
         barrier(world)
     n_procs = max(cfg.n_workers, 1)
     if cfg.storage.name == "s3":
-        data = _list_bucket(cfg, n_procs)
+        data = _list_bucket(cfg, n_procs, via)
     else:
         client.configure(None)
         root = data_root(cfg.data, n_procs=n_procs)
@@ -61,10 +63,10 @@ def list_data(cfg: TrainConfig, world: World) -> JobData:
     return data
 
 
-def _list_bucket(cfg: TrainConfig, n_procs: int) -> JobData:
+def _list_bucket(cfg: TrainConfig, n_procs: int, via: str) -> JobData:
     """The data under storage.url, listed and checked; the endpoint set for this process and
     the workers it forks."""
-    endpoint = client.Endpoint.of(cfg.storage)
+    endpoint = client.Endpoint.of(cfg.storage, via)
     source = credentials_source(endpoint.profile)  # no credentials: refused before any request
     client.configure(endpoint)
     address = parse(cfg.storage.url)
@@ -78,4 +80,6 @@ def _list_bucket(cfg: TrainConfig, n_procs: int) -> JobData:
         "storage_prefix": address.key,
         "storage_credentials_from": source,
     }
+    if via:
+        tags["storage_distance"] = Distance.of(cfg.storage).describe()
     return JobData(listing, time.perf_counter() - started, tags)

@@ -103,7 +103,7 @@ def _allow_plain_http(endpoint: client.Endpoint) -> None:
     builds its obstore S3Store with fixed client options that lack allow_http, so every chunk
     GET there fails with "builder error" (its boto3 path, used for index.json, works). The
     option is added to those (litdata==0.2.76, as pinned) only for such an endpoint."""
-    if not endpoint.endpoint.startswith("http://"):
+    if not endpoint.address.startswith("http://"):
         return
     from litdata.streaming import downloader
 
@@ -111,7 +111,7 @@ def _allow_plain_http(endpoint: client.Endpoint) -> None:
     if not isinstance(options, dict):
         raise ConfigError(
             f"this litdata ({downloader.__name__}) keeps its obstore options elsewhere; "
-            f"storage.endpoint={endpoint.endpoint} needs them to allow http. Install the pinned "
+            f"storage.endpoint={endpoint.address} needs them to allow http. Install the pinned "
             'version: pip install -e ".[litdata]", or use an https endpoint'
         )
     downloader._OBSTORE_CLIENT_OPTIONS = {**options, "allow_http": "true"}

@@ -116,7 +116,7 @@ def _library_options() -> dict[str, Any]:
     )
     return {
         "region": endpoint.region,
-        "endpoint": endpoint.endpoint or None,
+        "endpoint": endpoint.address or None,
         "s3client_config": config,
     }
 

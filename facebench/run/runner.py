@@ -19,6 +19,7 @@ from facebench import loaders, stages
 from facebench.config import TrainConfig
 from facebench.data.job_data import JobData, list_data
 from facebench.errors import Interrupted, TrackingLost, interruption
+from facebench.host.paths import cache_dir
 from facebench.loaders.shared import LoaderContext
 from facebench.loaders.spec import LoaderSpec
 from facebench.results import TRACKING_LOGGED, TRACKING_LOST, JobResults, now_ms
@@ -26,6 +27,7 @@ from facebench.run import per_host
 from facebench.run.finish import batches_held
 from facebench.run.job import Job
 from facebench.run.measurement import measure, summarise
+from facebench.storage.distance import counters, emulated
 from facebench.tracking.store import tracking_uri, ui_command
 from facebench.tracking.tracker import UPLOAD_COMMAND, Tracker
 
@@ -101,6 +103,7 @@ class _Ready:
     data: JobData
     loader: LoaderSpec
     ctx: LoaderContext
+    via: str = ""  # the relay emulating a bucket's distance, where one runs
 
 
 def _get_ready(cfg: TrainConfig, job: Job, results: JobResults, service: ExitStack) -> _Ready:
@@ -112,7 +115,9 @@ def _get_ready(cfg: TrainConfig, job: Job, results: JobResults, service: ExitSta
         _seed_everything(cfg.seed)
         loader = loaders.get(cfg.loader.name)
         loader.check_storage(cfg.storage.name, f"loader={cfg.loader.name}")
-        data = list_data(cfg, job.world)
+        # A bucket's distance, where asked for: the relay runs for the whole job.
+        via = service.enter_context(emulated(cfg.storage, cache_dir(cfg.data.cache_dir)))
+        data = list_data(cfg, job.world, via)
         results.metrics.update(data.metrics())
         results.tags.update(data.storage_tags)
         ctx = loaders.context(cfg, loader, data.listing, job.device, job.world)
@@ -132,7 +137,7 @@ def _get_ready(cfg: TrainConfig, job: Job, results: JobResults, service: ExitSta
     results.tags["data_set"] = data_label(cfg, ctx.data_root, len(ctx.records))
     if data.listing.labels.classes:  # folder data: which class each label index stands for
         results.classes = data.listing.labels.class_map()
-    return _Ready(data, loader, ctx)
+    return _Ready(data, loader, ctx, via)
 
 
 def _run_recorded(
@@ -212,6 +217,10 @@ def _run(cfg: TrainConfig, job: Job, tracker: Tracker, results: JobResults, read
     summary = summarise(per_epoch)
     metrics.update({**per_epoch[-1], **summary})  # the last epoch's, and the summaries
     tracker.log_metrics({**summary, **{k: v for k, v in metrics.items() if k in ONCE}})
+    if ready.via:  # every 503 the relay sent, those the clients retried unseen included
+        relayed = counters(ready.via)
+        metrics.update(relayed)
+        tracker.log_metrics(relayed)
     label = stages.dominant_label(metrics)
     if label:  # the runs table shows where the workers' time went
         results.tags["dominant_stage"] = label

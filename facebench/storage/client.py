@@ -46,13 +46,21 @@ class Endpoint:
     profile: str = ""
     attempts: int = 3
     in_flight: int = 8  # GETs a process keeps in flight when it reads many objects at once
+    # The relay that emulates the bucket's distance (storage/distance.py), where one runs: the
+    # clients connect to it; messages and tags still name the endpoint.
+    via: str = ""
 
     @classmethod
-    def of(cls, storage: Any) -> Endpoint:
+    def of(cls, storage: Any, via: str = "") -> Endpoint:
         return cls(
             str(storage.endpoint), str(storage.region), bool(storage.path_style),
-            str(storage.profile), int(storage.attempts), int(storage.requests_per_worker),
+            str(storage.profile), int(storage.attempts), int(storage.requests_per_worker), via,
         )  # fmt: skip
+
+    @property
+    def address(self) -> str:
+        """Where the clients connect: the relay, or the endpoint (empty: AWS's own)."""
+        return self.via or self.endpoint
 
     @property
     def host(self) -> str:
@@ -113,7 +121,7 @@ def _crt(endpoint: Endpoint) -> Any:
     config = S3ClientConfig(
         force_path_style=endpoint.path_style, max_attempts=1, profile=endpoint.profile or None
     )
-    return S3Client(endpoint.region, endpoint=endpoint.endpoint or None, s3client_config=config)
+    return S3Client(endpoint.region, endpoint=endpoint.address or None, s3client_config=config)
 
 
 def _boto(endpoint: Endpoint) -> Any:
@@ -133,10 +141,11 @@ def boto_options(endpoint: Endpoint) -> dict[str, Any]:
         connect_timeout=3,
         max_pool_connections=32,  # the upload's threads, each with its connection
         read_timeout=30,
-        retries={"max_attempts": endpoint.attempts, "mode": "standard"},
+        # total_max_attempts counts the first try; botocore's max_attempts would not.
+        retries={"total_max_attempts": endpoint.attempts, "mode": "standard"},
         s3={"addressing_style": "path" if endpoint.path_style else "virtual"},
     )
-    return {"endpoint_url": endpoint.endpoint or None, "config": config}
+    return {"endpoint_url": endpoint.address or None, "config": config}
 
 
 # What the CRT client's and S3's messages say, in lower case -> the kind of failure.

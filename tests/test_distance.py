@@ -1,0 +1,146 @@
+"""A bucket's distance, emulated by the relay in front of the real local server: each limit holds
+(never a first byte sooner than the latency, never faster than the bandwidth, 503 SlowDown past
+the request rate, retried and counted), for the CRT client and boto3 alike, and a job runs
+through it and says so."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from facebench.errors import ConfigError, StorageError
+from facebench.run.runner import run_training
+from facebench.storage import client, objects, server
+from facebench.storage.address import parse
+from facebench.storage.distance import Distance, counters, emulated
+
+pytest.importorskip("swift", reason="the local object server needs pip install -e '.[s3server]'")
+
+BUCKET = f"s3://{server.BUCKET}/distance"
+SMALL = 20_000  # bytes: one image's worth
+LARGE = 2_000_000
+
+
+def storage(s3: server.Running, **distance: float) -> SimpleNamespace:
+    """The storage.* keys of a job reading the module's server from this distance."""
+    keys = {"latency_ms": 0.0, "bandwidth_mbps": 0.0, "total_mbps": 0.0, "requests_per_s": 0.0}
+    return SimpleNamespace(
+        name="s3", url=BUCKET, endpoint=s3.endpoint, region=server.REGION, path_style=True,
+        profile="", requests_per_worker=8, attempts=3, **{**keys, **distance},
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def objects_there(s3: server.Running) -> None:
+    client.configure(client.Endpoint(s3.endpoint, server.REGION, True))
+    objects.put_bytes(f"{BUCKET}/small", os.urandom(SMALL), {"facebench": "1"})
+    objects.put_bytes(f"{BUCKET}/large", os.urandom(LARGE), {"facebench": "1"})
+
+
+@pytest.fixture
+def relayed(s3: server.Running, objects_there, tmp_path: Path) -> Iterator[Callable]:
+    """`with relayed(latency_ms=...)`: this process's clients pointed at a relay with these
+    limits, for the block."""
+
+    @contextmanager
+    def through(attempts: int = 3, **distance: float) -> Iterator[str]:
+        keys = storage(s3, **distance)
+        keys.attempts = attempts
+        with emulated(keys, tmp_path) as via:
+            client.configure(client.Endpoint.of(keys, via))
+            yield via
+
+    yield through
+    client.configure(None)
+
+
+def test_latency_comes_before_every_first_byte(relayed) -> None:
+    with relayed(latency_ms=40):
+        first_bytes = [client.get(f"{BUCKET}/small").first_byte_ns / 1e6 for _ in range(12)]
+        listed = [entry.key for entry in objects.list_objects(parse(BUCKET))]  # boto3 too
+    assert sorted(listed) == ["large", "small"]
+    assert min(first_bytes) >= 40  # never sooner than the distance
+    # and not much later: the local server answers in a few milliseconds (a loose bound, for a
+    # loaded machine; bench/distance.py measures it)
+    assert sorted(first_bytes)[len(first_bytes) // 2] < 40 + 200
+
+
+def test_bandwidth_bounds_a_large_read(relayed) -> None:
+    mbps = 40  # 5 MB/s: 2 MB in 0.4 s, less the tenth of a second of burst the pace allows
+    with relayed(bandwidth_mbps=mbps):
+        started = time.perf_counter()
+        reply = client.get(f"{BUCKET}/large")
+        elapsed = time.perf_counter() - started
+    assert len(reply.data) == LARGE
+    rate = mbps * 1e6 / 8
+    assert elapsed >= (LARGE - rate / 10) / rate * 0.95
+    assert elapsed < 3 * LARGE / rate + 1.0
+
+
+def test_past_the_request_rate_503s_are_refused_and_counted(relayed) -> None:
+    # boto3, with one attempt, sees the 503 itself: one line that says what to do.
+    refused = pytest.raises(StorageError, match=r"answered 503 SlowDown to all 1 attempts")
+    with relayed(requests_per_s=20, attempts=1), refused:  # a second's burst, then 20/s
+        for _ in range(60):
+            objects.read(f"{BUCKET}/small")
+    # The CRT client retries 503s inside itself, unseen by the job: the relay counts them.
+    with relayed(requests_per_s=40) as via:
+        replies = client.get_many([f"{BUCKET}/small"] * 90)
+        counted = counters(via)
+    assert all(len(reply.data) == SMALL for reply in replies)
+    assert counted["storage_relay_503s"] > 0
+    assert counted["storage_relay_requests"] == 90  # each GET got through in the end
+
+
+def test_no_distance_no_relay(s3: server.Running, tmp_path: Path) -> None:
+    with emulated(storage(s3), tmp_path) as via:
+        assert via == ""
+    assert Distance(latency_ms=20, requests_per_s=3500).describe() == "20 ms, 3,500 requests/s"
+
+
+def test_a_job_reads_through_the_relay_and_says_so(
+    s3: server.Running, synthetic_root: Path, make_cfg, tmp_path: Path
+) -> None:
+    from facebench.storage.sync import upload_tree
+
+    url = f"s3://{server.BUCKET}/syn-distance"
+    client.configure(client.Endpoint(s3.endpoint, server.REGION, True))
+    upload_tree(synthetic_root, parse(url))
+    cfg = make_cfg("n_workers=2", "batch_size=20", *s3.overrides(url), "storage.latency_ms=30")
+    run_training(cfg, output_dir=tmp_path)
+    recorded = json.loads((tmp_path / "results.json").read_text())
+    assert recorded["tags"]["storage_distance"] == "30 ms"
+    assert recorded["tags"]["storage_endpoint"] == s3.endpoint.removeprefix("http://")
+    epoch = recorded["epochs"][0]
+    assert epoch["storage_requests"] == 120
+    assert epoch["storage_ttfb_p50_ms"] >= 30
+    assert recorded["metrics"]["storage_relay_requests"] >= 120  # the listing's too
+    assert recorded["metrics"]["storage_relay_503s"] == 0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["storage.latency_ms=20"], r"storage.latency_ms: a bucket's distance, for storage=s3"),
+        (
+            ["storage=s3", "storage.url=s3://facebench/x", "storage.endpoint=https://s3.example",
+             "storage.latency_ms=20"],
+            r"storage.latency_ms: a distance is emulated by a relay in front of a plain http://",
+        ),
+        (
+            ["storage=s3", "storage.url=s3://facebench/x", "storage.endpoint=http://127.0.0.1:1",
+             "storage.requests_per_s=-1"],
+            r"storage.requests_per_s=-1.0: must be 0 \(off\) or more",
+        ),
+    ],
+)  # fmt: skip
+def test_distance_keys_are_checked(overrides: list[str], message: str, make_cfg) -> None:
+    with pytest.raises(ConfigError, match=message):
+        make_cfg(*overrides)
