@@ -220,14 +220,19 @@ class Relay:
                     writer.write(_slow_down())
                     await writer.drain()
                     continue
+                reused = upstream is not None
                 if upstream is None:
                     upstream = await asyncio.open_connection(self.host, self.port)
-                up_reader, up_writer = upstream
-                up_writer.write(request.head)
-                await _relay_body(request, reader, up_writer, None, None)
-                response = await _read_message(up_reader, request=False, method=request.method)
+                response = await self._forward(request, reader, upstream)
+                if response is None and reused and request.length == 0:
+                    # The endpoint had closed the idle connection: a request without a body
+                    # is sent again on a new one, as a client would.
+                    upstream[1].close()
+                    upstream = await asyncio.open_connection(self.host, self.port)
+                    response = await self._forward(request, reader, upstream)
                 if response is None:
                     return
+                up_reader = upstream[0]
                 await self._after_latency(arrived)
                 writer.write(response.head)
                 await _relay_body(response, up_reader, writer, pace, self.link)
@@ -240,6 +245,21 @@ class Relay:
             for stream in (writer, upstream[1] if upstream else None):
                 if stream is not None:
                     stream.close()
+
+    async def _forward(
+        self,
+        request: _Message,
+        reader: asyncio.StreamReader,
+        upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    ) -> _Message | None:
+        """Send the request on; the response's head (None: the connection was closed)."""
+        up_reader, up_writer = upstream
+        try:
+            up_writer.write(request.head)
+            await _relay_body(request, reader, up_writer, None, None)
+            return await _read_message(up_reader, request=False, method=request.method)
+        except ConnectionError:
+            return None
 
     def _counters(self) -> bytes:
         body = json.dumps({"relayed": self.relayed, "refused": self.refused}).encode()
