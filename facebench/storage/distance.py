@@ -8,8 +8,9 @@ Every loader's client (boto3, the CRT client, LitData's, Ray's tasks) speaks pla
 it as to the endpoint; the kernel's netem would do this below them, but containers lack it. Per
 request, in order:
 
-- the request is read whole, then, past `requests_per_s` (a token bucket a second deep), it is
-  answered 503 SlowDown as S3 answers on a hot prefix, without reaching the endpoint;
+- past `requests_per_s` (a token bucket a second deep), a request is answered 503 SlowDown as
+  S3 answers on a hot prefix, without reaching the endpoint (one with a body, on a connection
+  that then closes);
 - otherwise it is sent on, and the response's first byte leaves `latency_ms` after the request
   arrived (or as soon as the endpoint answers, if that is later): the time to first byte;
 - the body follows at `bandwidth_mbps` per connection and `total_mbps` over all of them.
@@ -217,8 +218,13 @@ class Relay:
                 if self.requests is not None and not self.requests.take(1):
                     self.refused += 1
                     await self._after_latency(arrived)
-                    writer.write(_slow_down())
+                    # A body not read (an upload's) would be taken for the next request: the
+                    # connection ends with the answer, as a server that refuses it early does.
+                    with_body = request.chunked or request.length != 0
+                    writer.write(_slow_down(closing=with_body))
                     await writer.drain()
+                    if with_body:
+                        return
                     continue
                 reused = upstream is not None
                 if upstream is None:
@@ -363,10 +369,11 @@ async def _relay_body(
             await send(data)
 
 
-def _slow_down() -> bytes:
+def _slow_down(closing: bool) -> bytes:
     return (
         b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: "
         + str(len(_SLOW_DOWN)).encode()
+        + (b"\r\nConnection: close" if closing else b"")
         + b"\r\nRetry-After: 1\r\n\r\n"
         + _SLOW_DOWN
     )
