@@ -68,9 +68,9 @@ def _counting_downloader() -> type:
     from litdata.streaming.downloader import S3Downloader, register_downloader
 
     class CountingS3Downloader(S3Downloader):
-        """Counts each chunk where LitData publishes a download (once per object fetched,
-        whichever of its sync or asyncio paths fetched it; a chunk another worker is fetching
-        is waited for, not fetched again), timed from when it was asked for."""
+        """Counts each chunk where LitData publishes a download: once per object this process
+        fetched, whichever of its sync or asyncio paths fetched it (two workers that both need
+        a chunk neither has may each fetch it: both count), timed from when it was asked for."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)

@@ -30,7 +30,7 @@ def run_prepare(
     multirun: bool = False,
 ) -> ShardSet | None:
     """Build the shards for the configured data, or say they are up to date; with storage=s3,
-    upload the data set to the bucket instead."""
+    upload the data set to the bucket, then its shards beside it."""
     shard_format = formats.get(cfg.format)
     if shard_format.requires is not None:
         shard_format.requires.require(f"format={cfg.format}")
