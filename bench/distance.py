@@ -19,11 +19,11 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import psutil
 from common import Bench, parser
 
+from facebench.config import StorageConfig
 from facebench.report.tables import markdown
 from facebench.storage import client, objects, server
 from facebench.storage.distance import counters, emulated
@@ -32,11 +32,10 @@ BUCKET = f"s3://{server.BUCKET}/relay-bench"
 LARGE = 10_000_000  # bytes: the bandwidth row's one read
 
 
-def keys(s3: server.Running, **distance: float) -> SimpleNamespace:
-    limits = {"latency_ms": 0.0, "bandwidth_mbps": 0.0, "total_mbps": 0.0, "requests_per_s": 0.0}
-    return SimpleNamespace(
+def keys(s3: server.Running, **distance: float) -> StorageConfig:
+    return StorageConfig(
         name="s3", url=BUCKET, endpoint=s3.endpoint, region=server.REGION, path_style=True,
-        profile="", requests_per_worker=16, attempts=5, **{**limits, **distance},
+        requests_per_worker=16, attempts=5, **distance,
     )  # fmt: skip
 
 

@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
+from facebench.config import StorageConfig
 from facebench.errors import ConfigError, StorageError
 from facebench.run.runner import run_training
 from facebench.storage import client, objects, server
@@ -28,12 +28,11 @@ SMALL = 20_000  # bytes: one image's worth
 LARGE = 2_000_000
 
 
-def storage(s3: server.Running, **distance: float) -> SimpleNamespace:
+def storage(s3: server.Running, **distance: float) -> StorageConfig:
     """The storage.* keys of a job reading the module's server from this distance."""
-    keys = {"latency_ms": 0.0, "bandwidth_mbps": 0.0, "total_mbps": 0.0, "requests_per_s": 0.0}
-    return SimpleNamespace(
+    return StorageConfig(
         name="s3", url=BUCKET, endpoint=s3.endpoint, region=server.REGION, path_style=True,
-        profile="", requests_per_worker=8, attempts=3, **{**keys, **distance},
+        **distance,
     )  # fmt: skip
 
 
