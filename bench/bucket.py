@@ -59,7 +59,7 @@ def upload_shards(url: str, s3: server.Running, keys: list[str], names: list[str
         if shard_format is not None:
             needed.add(shard_format)
     for shard_format in sorted(needed):
-        run_python(["prepare.py", *s3.overrides(url), *keys, f"format={shard_format}"])
+        run_python(["prepare.py", *s3.overrides(url, emulate=False), *keys, f"format={shard_format}"])
 
 
 def server_cpu_s(running: server.Running) -> float:
@@ -96,7 +96,7 @@ def main() -> None:
         url = f"s3://{server.BUCKET}/bench{args.images}"
         upload_tree(root, parse(url))
         upload_shards(url, s3, data, args.loaders)
-        places = {"folder": [], "bucket": s3.overrides(url)}
+        places = {"folder": [], "bucket": s3.overrides(url, emulate=False)}
         for name in args.loaders:
             # LitData: its first epoch (from the bucket) and its second (from its cache).
             epochs = 2 if name == "litdata" else 1

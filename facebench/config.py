@@ -201,14 +201,21 @@ class StorageConfig:
     # Attempts per request before a read fails (S3's 503 SlowDown and dropped connections are
     # retried, with backoff).
     attempts: int = 3
-    # A bucket's distance, emulated by a relay train.py runs in front of an http:// endpoint
-    # (facebench/storage/distance.py) for every client alike; 0 turns each off. Latency before
-    # each response's first byte; bandwidth per connection and over all of them (megabits a
-    # second); past requests_per_s, 503 SlowDown.
+    # A bucket's distance, emulated by a relay train.py and advise run in front of a plain
+    # http:// endpoint (a server on this machine or network; facebench/storage/distance.py) for
+    # every client alike; 0 turns each off. Latency before each response's first byte; bandwidth
+    # per connection and over all of them (megabits a second); past requests_per_s, 503
+    # SlowDown. The profiles (storage=s3, s3-express) set them from published figures.
     latency_ms: float = 0.0
     bandwidth_mbps: float = 0.0
     total_mbps: float = 0.0
     requests_per_s: float = 0.0
+    # Emulate the distance above where the endpoint is plain http://; false: read the server as
+    # it answers. An https:// endpoint or AWS's own is never emulated: its distance is real.
+    emulate: bool = True
+    # What the distance stands for, and where its numbers come from (the profile's YAML).
+    distance_name: str = ""
+    distance_source: str = ""
 
 
 @dataclass

@@ -116,12 +116,6 @@ def _storage_problems(storage: DictConfig | None) -> list[str]:
     for key in emulated:
         if storage.get(key) < 0:
             problems.append(f"storage.{key}={storage.get(key)}: must be 0 (off) or more")
-    if emulated and not endpoint.startswith("http://"):
-        problems.append(
-            f"storage.{emulated[0]}: a distance is emulated by a relay in front of a plain "
-            f"http:// endpoint (the local server's), not {endpoint or 'AWS'}: a real bucket's "
-            "distance is already there"
-        )
     return problems
 
 

@@ -70,6 +70,12 @@ SHARD_LOADERS = [
 
 
 @pytest.fixture(autouse=True)
+def plain(running: server.Running, url: str = f"s3://{server.BUCKET}/data") -> list[str]:
+    """A run's overrides for data under `url` on the server as it answers: these tests read the
+    server itself, not an emulated distance (tests/test_distance.py)."""
+    return running.overrides(url, emulate=False)
+
+
 def endpoint(s3: server.Running) -> Iterator[client.Endpoint]:
     """Each test starts with the client pointed at the module's server."""
     os.environ.update(s3.environment())
@@ -191,7 +197,7 @@ def test_loader_reads_the_bucket_exactly_once(
     if name == "raydata":  # Ray's tasks take the environment Ray started with: the credentials
         request.getfixturevalue("ray_with_this_environment")
     cfg = make_cfg(
-        f"loader={name}", f"n_workers={n_workers}", "loader.crop=center", *s3.overrides(uploaded)
+        f"loader={name}", f"n_workers={n_workers}", "loader.crop=center", *plain(s3, uploaded)
     )
     client.configure(client.Endpoint.of(cfg.storage))
     listing = list_bucket_usable(parse(uploaded), "raise", cache_dir(cfg.data.cache_dir))
@@ -216,7 +222,7 @@ def test_loader_reads_the_bucket_exactly_once(
 def _bucket_ctx(make_cfg, s3: server.Running, url: str, name: str, *options: str):
     cfg = make_cfg(
         f"loader={name}", *options, "n_workers=2", "batch_size=8", "loader.crop=center",
-        *s3.overrides(url),
+        *plain(s3, url),
     )  # fmt: skip
     client.configure(client.Endpoint.of(cfg.storage))
     listing = list_bucket_usable(parse(url), "raise", cache_dir(cfg.data.cache_dir))
@@ -235,7 +241,7 @@ def test_shard_loader_reads_the_shards_uploaded_beside_the_data(
     make_cfg,
     prepare_here,
 ) -> None:
-    prepare_here(*s3.overrides(uploaded), f"format={shard_format}", "batch_size=8")
+    prepare_here(*plain(s3, uploaded), f"format={shard_format}", "batch_size=8")
     shards = f"{uploaded}/facebench-shards/{shard_format}"
     manifest = Manifest.read(shards)
     assert manifest is not None and MANIFEST in listed(shards)  # the set's, and the upload's
@@ -278,7 +284,7 @@ def test_a_shard_set_in_a_bucket_is_trusted_only_whole_and_current(
     spec, ctx = _bucket_ctx(make_cfg, s3, url, "pickle")
     with pytest.raises(ShardError, match=rf"{url}/facebench-shards/pickle: no shard set there"):
         spec.set_up_job(ctx)
-    prepare_here(*s3.overrides(url), "format=pickle", "batch_size=8")
+    prepare_here(*plain(s3, url), "format=pickle", "batch_size=8")
     spec.set_up_job(ctx)
     # An object the set was made from, replaced: the set no longer vouches for the data.
     image = sorted(key for key in listed(url) if key.endswith(".png"))[0]
@@ -286,7 +292,7 @@ def test_a_shard_set_in_a_bucket_is_trusted_only_whole_and_current(
     spec, ctx = _bucket_ctx(make_cfg, s3, url, "pickle")
     with pytest.raises(ShardError, match=r"made from other objects .* Upload it again: python"):
         spec.set_up_job(ctx)
-    prepare_here(*s3.overrides(url), "format=pickle", "batch_size=8")  # restores both
+    prepare_here(*plain(s3, url), "format=pickle", "batch_size=8")  # restores both
     spec, ctx = _bucket_ctx(make_cfg, s3, url, "pickle")
     spec.set_up_job(ctx)
     # Other settings (another seed shuffles the samples into other shards) name what differs.
@@ -298,7 +304,7 @@ def test_a_shard_set_in_a_bucket_is_trusted_only_whole_and_current(
     objects.delete(f"{ctx.shards_dir}/{first.name}")
     with pytest.raises(ShardError, match=rf"{first.name}: missing or not the size"):
         spec.set_up_job(ctx)
-    prepare_here(*s3.overrides(url), "format=pickle", "batch_size=8")  # uploads just that one
+    prepare_here(*plain(s3, url), "format=pickle", "batch_size=8")  # uploads just that one
     epoch = spec.build(dataclasses.replace(ctx, n_workers=0))  # the set checked, then:
     objects.delete(f"{ctx.shards_dir}/{first.name}")
     with pytest.raises(ShardError, match=rf"pickle/{first.name}: no such object, though"):
@@ -334,7 +340,7 @@ def test_an_upload_cut_short_leaves_no_manifest_behind(
 def test_run_records_requests_and_where_the_data_came_from(
     s3: server.Running, uploaded: str, make_cfg, tmp_path: Path
 ) -> None:
-    cfg = make_cfg("loader=dataset", "n_workers=2", "batch_size=20", *s3.overrides(uploaded))
+    cfg = make_cfg("loader=dataset", "n_workers=2", "batch_size=20", *plain(s3, uploaded))
     run_training(cfg, output_dir=tmp_path)
     results = (tmp_path / "results.json").read_text()
     recorded = json.loads(results)
@@ -381,7 +387,7 @@ def test_upload_never_overwrites_what_facebench_did_not_write(
 def test_upload_killed_then_restarted(s3: server.Running, tmp_path: Path, cache: Path) -> None:
     url = "s3://facebench/killed"
     data = [f"data.cache_dir={cache}", "data.n_images=600"]
-    command = [sys.executable, "prepare.py", *s3.overrides(url), *data, f"hydra.run.dir={tmp_path}"]
+    command = [sys.executable, "prepare.py", *plain(s3, url), *data, f"hydra.run.dir={tmp_path}"]
     env = {**os.environ, **s3.environment()}
     process = subprocess.Popen(
         command, cwd=PROJECT_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -409,12 +415,12 @@ def test_refusals_before_any_run(
     s3: server.Running, uploaded: str, make_cfg, tmp_path: Path
 ) -> None:
     with pytest.raises(DataError, match=r"s3://facebench/nothing: no objects under this prefix"):
-        run_training(make_cfg(*s3.overrides("s3://facebench/nothing")), output_dir=tmp_path)
+        run_training(make_cfg(*plain(s3, "s3://facebench/nothing")), output_dir=tmp_path)
     with pytest.raises(StorageError, match=r"s3://nobucket: no such bucket at 127.0.0.1:\d+"):
-        run_training(make_cfg(*s3.overrides("s3://nobucket/x")), output_dir=tmp_path)
+        run_training(make_cfg(*plain(s3, "s3://nobucket/x")), output_dir=tmp_path)
     with pytest.raises(ConfigError, match=r"loader=ceiling with storage=s3: it reads no data"):
         run_training(
-            make_cfg("loader=ceiling", "model=resnet18", *s3.overrides(uploaded)),
+            make_cfg("loader=ceiling", "model=resnet18", *plain(s3, uploaded)),
             output_dir=tmp_path,
         )
     os.environ["AWS_SECRET_ACCESS_KEY"] = "wrong"
@@ -423,7 +429,7 @@ def test_refusals_before_any_run(
         with pytest.raises(
             StorageError, match=r"refused the credentials .*Check AWS_ACCESS_KEY_ID"
         ):
-            run_training(make_cfg(*s3.overrides(uploaded)), output_dir=tmp_path)
+            run_training(make_cfg(*plain(s3, uploaded)), output_dir=tmp_path)
     finally:
         os.environ.update(s3.environment())
         client._clients.clear()
@@ -435,7 +441,7 @@ def test_an_endpoint_that_does_not_answer_costs_a_bounded_wait(
     s3: server.Running, uploaded: str, make_cfg, tmp_path: Path
 ) -> None:
     dead = f"http://127.0.0.1:{server.free_port()}"
-    cfg = make_cfg(*s3.overrides(uploaded), f"storage.endpoint={dead}")
+    cfg = make_cfg(*plain(s3, uploaded), f"storage.endpoint={dead}")
     started = time.monotonic()
     with pytest.raises(
         StorageError, match=r"did not answer for s3://facebench/syn120 after 3 attempts"
@@ -449,7 +455,7 @@ def test_an_object_gone_after_the_listing_is_named(
 ) -> None:
     url = "s3://facebench/vanishing"
     upload_tree(synthetic_root, parse(url))
-    cfg = make_cfg(*s3.overrides(url), "n_workers=2")
+    cfg = make_cfg(*plain(s3, url), "n_workers=2")
     client.configure(client.Endpoint.of(cfg.storage))
     listing = list_bucket_usable(parse(url), "raise", cache_dir(cfg.data.cache_dir))
     victim = listing.records[77].path
@@ -529,9 +535,9 @@ def test_two_ranks_read_the_bucket_exactly_once(
 ) -> None:
     shards = "loader.reads=shards" in loader
     if shards:  # 12 tar shards of 10, one batch each, dealt by the library to ranks and workers
-        prepare_here(*s3.overrides(uploaded), "format=tar", "batch_size=10")
+        prepare_here(*plain(s3, uploaded), "format=tar", "batch_size=10")
     overrides = [
-        *s3.overrides(uploaded), f"data.cache_dir={cache}", "data.n_images=120",
+        *plain(s3, uploaded), f"data.cache_dir={cache}", "data.n_images=120",
         *loader, "accelerator=h100", "accelerators_per_host=2", "n_workers=1",
         "batch_size=10", "tracking=false", f"hydra.run.dir={tmp_path}",
     ]  # fmt: skip
@@ -560,7 +566,7 @@ def test_a_server_stopped_mid_epoch_ends_the_epoch_in_one_line(
         client.configure(client.Endpoint(second.endpoint, server.REGION, True))
         url = "s3://facebench/stopping"
         upload_tree(synthetic_root, parse(url))
-        cfg = make_cfg(*second.overrides(url), "n_workers=2", "storage.requests_per_worker=2")
+        cfg = make_cfg(*plain(second, url), "n_workers=2", "storage.requests_per_worker=2")
         client.configure(client.Endpoint.of(cfg.storage))
         listing = list_bucket_usable(parse(url), "raise", cache_dir(cfg.data.cache_dir))
         spec = loaders.get("dataset")

@@ -13,10 +13,9 @@ from facebench.data.location import data_layout, data_root
 from facebench.errors import ConfigError
 from facebench.host.distributed import World, barrier
 from facebench.host.paths import cache_dir
-from facebench.storage import client
+from facebench.storage import client, distance
 from facebench.storage.address import parse
 from facebench.storage.credentials import credentials_source
-from facebench.storage.distance import Distance
 
 
 @dataclass(frozen=True)
@@ -81,5 +80,5 @@ def _list_bucket(cfg: TrainConfig, n_procs: int, via: str) -> JobData:
         "storage_credentials_from": source,
     }
     if via:
-        tags["storage_distance"] = Distance.of(cfg.storage).describe()
+        tags["storage_distance"] = distance.describe(cfg.storage)
     return JobData(listing, time.perf_counter() - started, tags)

@@ -47,6 +47,9 @@ from facebench.storage.daemons import alive, end, spawn
 log = logging.getLogger(__name__)
 
 COUNTERS_REQUEST = b"GET /__relay "
+# A relay the job's parent started for all its ranks (accelerators_per_host): the host's link
+# and the prefix's request rate are shared by every rank, as on a real host.
+RELAY_ENV = "FACEBENCH_RELAY"
 _CHUNK = 64 * 2**10  # bytes relayed at a time, and the unit bandwidth is paced in
 _HEAD_LIMIT = 64 * 2**10  # the most a request's or response's head may take
 _SLOW_DOWN = (
@@ -106,8 +109,19 @@ def emulated(storage: Any, folder: Path) -> Iterator[str]:
     address (empty where none is asked for). It dies with the job, however the job ends; its
     output goes to a log in `folder`, removed at the end unless the relay failed."""
     distance = Distance.of(storage)
-    if storage.name == "local" or not distance.any:
+    if storage.name == "local" or not distance.any or not storage.emulate:
         yield ""
+        return
+    if not storage.endpoint.startswith("http://"):
+        # A real bucket: its own distance is there already, and a relay could not speak TLS.
+        log.info(
+            "%s is read as it is: the emulated distance (%s) applies to a plain http:// "
+            "endpoint only", storage.endpoint or "AWS's endpoint", describe(storage),
+        )  # fmt: skip
+        yield ""
+        return
+    if os.environ.get(RELAY_ENV):  # the ranks' parent runs it for them all
+        yield os.environ[RELAY_ENV]
         return
     folder.mkdir(parents=True, exist_ok=True)
     log_path = folder / f"distance-relay-{os.getpid()}.log"
@@ -121,7 +135,7 @@ def emulated(storage: Any, folder: Path) -> Iterator[str]:
         port = _port_of(log_path, pid)
         log.info(
             "emulating the bucket's distance (%s) with a relay at 127.0.0.1:%d in front of %s",
-            distance.describe(), port, storage.endpoint,
+            describe(storage), port, storage.endpoint,
         )  # fmt: skip
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -129,13 +143,33 @@ def emulated(storage: Any, folder: Path) -> Iterator[str]:
     log_path.unlink(missing_ok=True)
 
 
-def counters(via: str) -> dict[str, float]:
-    """What the job's relay relayed and refused (503 SlowDown) so far, as the run's metrics."""
+def describe(storage: Any) -> str:
+    """'S3 Standard, same region: 20 ms, 700 Mbit/s a connection, 5,500 requests/s'."""
+    limits = Distance.of(storage).describe()
+    return f"{storage.distance_name}: {limits}" if storage.distance_name else limits
+
+
+def snapshot(via: str) -> dict[str, float]:
+    """The relay's counters so far (since it started): relayed, refused, endpoint_s, late,
+    cpu_s, alive_s."""
     with urllib.request.urlopen(f"{via}/__relay", timeout=5) as answer:
-        found = json.loads(answer.read())
+        return {name: float(value) for name, value in json.loads(answer.read()).items()}
+
+
+def counters(via: str, since: dict[str, float] | None = None) -> dict[str, float]:
+    """What the job's relay relayed and refused (503 SlowDown), since `since` (a snapshot) or
+    its start, as the run's metrics: requests, 503s, the endpoint's mean time to answer, the
+    share it answered after the emulated latency, and the relay's own CPU (a share of its one
+    core)."""
+    now = snapshot(via)
+    found = {name: value - (since or {}).get(name, 0.0) for name, value in now.items()}
+    relayed = max(1.0, found["relayed"])
     return {
-        "storage_relay_requests": float(found["relayed"]),
-        "storage_relay_503s": float(found["refused"]),
+        "storage_relay_requests": found["relayed"],
+        "storage_relay_503s": found["refused"],
+        "storage_relay_endpoint_ms": 1000 * found["endpoint_s"] / relayed,
+        "storage_relay_late_frac": found["late"] / relayed,
+        "storage_relay_cpu_frac": found["cpu_s"] / max(1e-9, found["alive_s"]),
     }
 
 
@@ -199,6 +233,12 @@ class Relay:
         self.link = Pace(link, link / 10) if link else None  # a tenth of a second of burst
         self.relayed = 0
         self.refused = 0
+        # How long the endpoint took to answer (request sent -> response head), and how many it
+        # answered after the emulated latency had passed: then the endpoint, not the distance,
+        # set the time (the local server on a busy machine).
+        self.endpoint_s = 0.0
+        self.late = 0
+        self.started = time.monotonic()
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One client connection, request after request, over one endpoint connection."""
@@ -227,6 +267,7 @@ class Relay:
                         return
                     continue
                 reused = upstream is not None
+                sent = time.monotonic()
                 if upstream is None:
                     upstream = await asyncio.open_connection(self.host, self.port)
                 response = await self._forward(request, reader, upstream)
@@ -239,6 +280,9 @@ class Relay:
                 if response is None:
                     return
                 up_reader = upstream[0]
+                answered = time.monotonic()
+                self.endpoint_s += answered - sent
+                self.late += answered > arrived + self.distance.latency_ms / 1000
                 await self._after_latency(arrived)
                 writer.write(response.head)
                 await _relay_body(response, up_reader, writer, pace, self.link)
@@ -268,7 +312,18 @@ class Relay:
             return None
 
     def _counters(self) -> bytes:
-        body = json.dumps({"relayed": self.relayed, "refused": self.refused}).encode()
+        body = json.dumps(
+            {
+                "relayed": self.relayed,
+                "refused": self.refused,
+                "endpoint_s": self.endpoint_s,
+                "late": self.late,
+                # Its own CPU time over its lifetime: near 1 (one core, asyncio's one thread),
+                # the relay itself was the bound.
+                "cpu_s": time.process_time(),
+                "alive_s": time.monotonic() - self.started,
+            }
+        ).encode()
         return (
             b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
             + str(len(body)).encode()

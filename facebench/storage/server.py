@@ -64,14 +64,18 @@ class Running:
     pids: dict[str, int]
     memcached: bool
 
-    def overrides(self, url: str = f"s3://{BUCKET}/data") -> list[str]:
-        """The `storage.*` overrides that point a run at data under `url` on this server."""
+    def overrides(
+        self, url: str = f"s3://{BUCKET}/data", profile: str = "s3", emulate: bool = True
+    ) -> list[str]:
+        """The `storage.*` overrides that point a run at data under `url` on this server: with
+        the profile's distance emulated (storage=s3: S3 Standard's), or as the server answers."""
         return [
-            "storage=s3",
+            f"storage={profile}",
             f"storage.url={url}",
             f"storage.endpoint={self.endpoint}",
             f"storage.region={REGION}",
             "storage.path_style=true",
+            *([] if emulate else ["storage.emulate=false"]),
         ]
 
     def environment(self) -> dict[str, str]:
