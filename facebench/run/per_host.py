@@ -26,10 +26,12 @@ from facebench.config import TrainConfig
 from facebench.errors import ConfigError, FacebenchError, TrackingLost
 from facebench.host import parent_death
 from facebench.host.distributed import AGENT_PID_ENV, world_from_env
+from facebench.host.paths import cache_dir
 from facebench.host.resources import usable_cores
 from facebench.results import RESULTS, TRACKING_LOST, JobResults
 from facebench.run.accelerator import Accelerator
 from facebench.run.entry import MULTIRUN_ENV, SWEEP_ID_ENV
+from facebench.storage.distance import RELAY_ENV, emulated
 from facebench.tracking.tracker import UPLOAD_COMMAND
 
 log = logging.getLogger(__name__)
@@ -87,7 +89,9 @@ def run_ranks(
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, usable_cores() // ranks))),
     }
     log.info("starting %d ranks on this host, one emulated accelerator each", ranks)
-    returncode = _launch(command, env)
+    # A bucket's emulated distance: one relay for the host, its limits shared by every rank.
+    with emulated(cfg.storage, cache_dir(cfg.data.cache_dir)) as via:
+        returncode = _launch(command, env | ({RELAY_ENV: via} if via else {}))
     path = output_dir / RESULTS
     if not path.is_file():
         raise FacebenchError(

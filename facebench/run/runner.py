@@ -20,6 +20,7 @@ from facebench.config import TrainConfig
 from facebench.data.job_data import JobData, list_data
 from facebench.errors import Interrupted, TrackingLost, interruption
 from facebench.host.paths import cache_dir
+from facebench.host.resources import usable_cores
 from facebench.loaders.shared import LoaderContext
 from facebench.loaders.spec import LoaderSpec
 from facebench.results import TRACKING_LOGGED, TRACKING_LOST, JobResults, now_ms
@@ -27,7 +28,8 @@ from facebench.run import per_host
 from facebench.run.finish import batches_held
 from facebench.run.job import Job
 from facebench.run.measurement import measure, summarise
-from facebench.storage.distance import counters, emulated
+from facebench.storage.distance import Distance, counters, emulated
+from facebench.storage.limits import holding_back
 from facebench.tracking.store import tracking_uri, ui_command
 from facebench.tracking.tracker import UPLOAD_COMMAND, Tracker
 
@@ -221,12 +223,33 @@ def _run(cfg: TrainConfig, job: Job, tracker: Tracker, results: JobResults, read
         relayed = counters(ready.via)
         metrics.update(relayed)
         tracker.log_metrics(relayed)
+    # The limits are the emulated ones where a relay ran; a real bucket's are unknown here.
+    emulated_distance = Distance.of(cfg.storage) if ready.via else Distance()
+    _say_storage_limit(cfg, emulated_distance, metrics, results, tracker)
     label = stages.dominant_label(metrics)
     if label:  # the runs table shows where the workers' time went
         results.tags["dominant_stage"] = label
         tracker.set_tags({"dominant_stage": label})
     if data.skipped:
         log.warning("on_bad_sample=skip: %d samples were left out (samples_skipped)", data.skipped)
+
+
+def _say_storage_limit(
+    cfg: TrainConfig,
+    distance: Distance,
+    metrics: dict[str, float],
+    results: JobResults,
+    tracker: Tracker,
+) -> None:
+    """From a bucket: the limit that held the loader back (latency, bandwidth, the request
+    rate, the endpoint or the relay), logged and tagged, so that no run blames its loader for
+    the storage's limit or the emulation's own."""
+    rate = metrics.get("steady_images_per_s", metrics.get("images_per_s", 0.0))
+    limit = holding_back(metrics, rate, distance, cfg.n_workers, usable_cores())
+    if limit is not None:
+        log.info("from the bucket, held back by %s", limit.detail)
+        results.tags["storage_limit"] = limit.short
+        tracker.set_tags({"storage_limit": limit.short})
 
 
 def data_label(cfg: TrainConfig, root: Path | str, n_samples: int) -> str:

@@ -1,0 +1,129 @@
+"""What holds a loader back when it reads a bucket, in words: the request rate, the host's link,
+each connection's bandwidth, the latency, the endpoint itself, or none of these (its workers'
+CPU: then the costliest stage speaks, facebench/stages.py).
+
+From one run's metrics (storage_* from facebench/fetches.py, stage_* from facebench/stages.py,
+storage_relay_* from the relay) and the distance asked for. Little's law gives the requests in
+flight: requests a second x each one's time. A loader whose workers wait more than they compute
+is held by the storage; which limit, is the first of these it meets.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from facebench.storage.distance import Distance
+
+BUSY = 0.75  # workers busy this share of their cores' time or more: bound by their CPU
+NEAR = 0.9  # a rate this close to its limit is held by it
+LATE = 0.5  # this share of answers after the emulated latency: the endpoint set the time
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A limit that held a run back: a short name with its numbers ("latency: 16 in flight of
+    42 ms"), and the whole of it, with what raises it."""
+
+    short: str
+    detail: str
+
+
+def holding_back(
+    metrics: Mapping[str, float], images_per_s: float, distance: Distance, workers: int, cores: int
+) -> Limit | None:
+    """The limit that holds a run from a bucket back; None where it read no bucket or its
+    workers' CPU is the bound."""
+    per_request = images_per_request(metrics)
+    if not per_request or images_per_s <= 0:
+        return None
+    requests = metrics["storage_requests"]
+    per_s = images_per_s / per_request  # at the steady rate, where the epoch's includes start-up
+    refused = metrics.get("storage_relay_503s", 0.0) + metrics.get("storage_throttled", 0.0)
+    if distance.requests_per_s and (refused or per_s >= NEAR * distance.requests_per_s):
+        said = f"the request rate: {per_s:,.0f} of {distance.requests_per_s:,.0f} requests/s"
+        return Limit(
+            said, f"{said}, the most the prefix allows ({refused:,.0f} answered 503 SlowDown)"
+        )
+    mbit = 8 * metrics.get("storage_mb_per_s", 0.0)
+    if distance.total_mbps and mbit >= NEAR * distance.total_mbps:
+        said = f"the host's link: {mbit:,.0f} of its {distance.total_mbps:,.0f} Mbit/s"
+        return Limit(said, said)
+    if metrics.get("storage_relay_cpu_frac", 0.0) >= NEAR:
+        return Limit(
+            "the relay emulating the distance",
+            "the relay emulating the distance (it kept its one core busy): the loader may be "
+            "faster than this says",
+        )
+    cpu_us = metrics.get("stage_worker_cpu_us", 0.0)
+    if cpu_us and images_per_s * cpu_us / 1e6 >= BUSY * min(max(1, workers), cores):
+        return None
+    if metrics.get("storage_relay_late_frac", 0.0) >= LATE:
+        return Limit(
+            "the endpoint itself",
+            f"the endpoint itself: it answered {metrics['storage_relay_late_frac']:.0%} of the "
+            f"requests after the emulated {distance.latency_ms:g} ms (in "
+            f"{metrics.get('storage_relay_endpoint_ms', 0.0):,.0f} ms on average): this "
+            "measures the server here more than the distance",
+        )
+    size_mb = metrics.get("storage_bytes", 0.0) / requests / 1e6
+    transfer_ms = 8 * size_mb / distance.bandwidth_mbps * 1000 if distance.bandwidth_mbps else 0
+    if transfer_ms and transfer_ms >= distance.latency_ms:
+        return Limit(
+            f"each connection's bandwidth ({transfer_ms:,.0f} ms a request)",
+            f"each connection's bandwidth: a request's {size_mb:,.1f} MB takes {transfer_ms:,.0f} "
+            f"ms at {distance.bandwidth_mbps:,.0f} Mbit/s, beyond its {distance.latency_ms:g} ms "
+            "latency; more requests in flight raise it",
+        )
+    p50 = metrics.get("storage_get_p50_ms")
+    if p50 is None:
+        return None
+    in_flight = per_s * p50 / 1000
+    endpoint_ms = metrics.get("storage_relay_endpoint_ms")
+    # Where a relay emulates the latency, how much of each request the endpoint itself took.
+    own = (
+        f", the endpoint's own answer {endpoint_ms:,.0f} ms of it on average" if endpoint_ms else ""
+    )
+    return Limit(
+        f"latency ({in_flight:,.0f} requests in flight of {p50:,.0f} ms)",
+        f"latency: about {in_flight:,.0f} requests in flight of {p50:,.0f} ms each (p50{own}), "
+        f"{per_s:,.0f} requests/s of {count(per_request)} images; more in flight (n_workers, "
+        "and storage.requests_per_worker for loaders that read each image) or more images a "
+        "request (shards) raise it",
+    )
+
+
+def hosts_allowed(
+    metrics: Mapping[str, float], distance: Distance, pace: float
+) -> tuple[int, str] | None:
+    """How many accelerators (each taking `pace` images/s) the distance's shared limits feed,
+    whatever the host: the prefix's request rate and the host's link, which every rank shares;
+    None where neither is set or the run read no bucket."""
+    per_request = images_per_request(metrics)
+    if not per_request or pace <= 0:
+        return None
+    found = []
+    if distance.requests_per_s:
+        most = math.floor(distance.requests_per_s * per_request / pace)
+        found.append(
+            (most, f"the prefix's {distance.requests_per_s:,.0f} requests/s, "
+                   f"{count(per_request)} images a request")
+        )  # fmt: skip
+    mb_per_image = metrics["storage_bytes"] / 1e6 / metrics["samples_seen"]
+    if distance.total_mbps and mb_per_image:
+        most = math.floor(distance.total_mbps / 8 / mb_per_image / pace)
+        found.append((most, f"the host's {distance.total_mbps:,.0f} Mbit/s link"))
+    return min(found) if found else None
+
+
+def images_per_request(metrics: Mapping[str, float]) -> float:
+    """Images delivered per GET (1 for a per-image loader, thousands for shards); 0 where the
+    run read no bucket."""
+    requests, seen = metrics.get("storage_requests", 0.0), metrics.get("samples_seen", 0.0)
+    return seen / requests if requests and seen else 0.0
+
+
+def count(value: float) -> str:
+    """'1', '0.75', '1,500': a count of images, as precise as it is worth."""
+    return f"{value:,.0f}" if value >= 10 else f"{value:.3g}"
