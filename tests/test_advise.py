@@ -10,6 +10,8 @@ import pytest
 from facebench.advise import Advice, Measured, advise, shortfall, worker_counts
 from facebench.errors import ConfigError
 from facebench.host.paths import PROJECT_ROOT
+from facebench.storage.distance import Distance
+from facebench.storage.limits import holding_back
 
 
 def _advice(*measured: Measured, ceiling: float = 1000.0) -> Advice:
@@ -317,3 +319,71 @@ def test_advises_mlflow_run_is_named_without_spaces_or_an_article(tmp_path, monk
     record(plain, True, tmp_path / "plain")
     assert [name for name, _ in named] == ["advise-h100", "advise-resnet50-cpu"]
     assert named[0][1]["accelerator"] == "h100"
+
+
+def _from_bucket(requests: float, seen: float, p50_ms: float, mb: float, **more: float) -> dict:
+    """A measurement's metrics from a bucket: GETs, images, p50, MB fetched in all."""
+    return {
+        "storage_requests": requests,
+        "samples_seen": seen,
+        "storage_get_p50_ms": p50_ms,
+        "storage_bytes": mb * 1e6,
+        **more,
+    }
+
+
+def test_from_a_bucket_the_storage_limit_is_named_and_bounds_the_host(monkeypatch):
+    monkeypatch.setattr("facebench.advise.answer.usable_cores", lambda: 16)
+    # Per image: 380 images/s with 16 GETs of 42 ms in flight, the workers' CPU mostly idle.
+    per_image = Measured("dataset", rates={2: 380.0})
+    per_image.stages = {2: _from_bucket(6000, 6000, 42.0, 100.0, stage_worker_cpu_us=900.0)}
+    # Shards: 100 images a GET; fast enough for six h100s by its rate alone.
+    shards = Measured("pickle", rates={1: 50_000.0}, prepare_s=3.0, shard_bytes=10**9)
+    shards.stages = {1: _from_bucket(60, 6000, 90.0, 240.0, stage_worker_cpu_us=30.0)}
+    advice = _advice(per_image, shards, ceiling=8064.0)
+    advice.accelerator_rate, advice.accelerator_name = 8960.0, "h100"
+    advice.device = "an emulated h100"
+    advice.storage = "s3://facebench/data, at S3 Standard (emulated)"
+    advice.distance = Distance(latency_ms=20, requests_per_s=450)
+    rows = {row[0]: row for row in advice.rows()}
+    # 380 requests/s x 42 ms: 16 in flight; latency is what holds it.
+    assert rows["dataset"][7].startswith(
+        "held back by latency: about 16 requests in flight of 42 ms each (p50), 380 requests/s "
+        "of 1 images"
+    )
+    assert rows["dataset"][-1] == (
+        "0 (AU about 4% with one, held back by latency (16 requests in flight of 42 ms))"
+    )
+    # 450 requests/s x 100 images = 45,000 images/s for the whole host: 5 h100s, not the 6 its
+    # one rank's rate would give (its one rank is near the prefix's rate already).
+    assert rows["pickle"][-1] == "about 5: the prefix's 450 requests/s, 100 images a request"
+    assert rows["pickle"][7] == ""  # it keeps one fed
+    # A loader whose workers are busy computing is not blamed on the storage.
+    per_image.stages[2]["stage_worker_cpu_us"] = 5000.0  # 380 x 5 ms: 1.9 cores of 2
+    assert "held back by latency" not in {row[0]: row for row in advice.rows()}["dataset"][7]
+    assert "keeps an emulated h100 from s3://facebench/data" in advice.verdict()
+
+
+@pytest.mark.parametrize(
+    ("distance", "metrics", "limit"),
+    [
+        # 503s, or a rate at the prefix's: the request rate.
+        (Distance(requests_per_s=400), {"storage_throttled": 12.0}, "the request rate: 380 of 400"),
+        # 20 MB a GET at 100 Mbit/s: 1.6 s, far beyond 20 ms.
+        (Distance(latency_ms=20, bandwidth_mbps=100), {"storage_bytes": 20e6 * 6000},
+         "each connection's bandwidth (1,600 ms a request)"),
+        # The link full.
+        (Distance(total_mbps=500), {"storage_mb_per_s": 60.0}, "the host's link: 480 of its 500"),
+        # The endpoint answered most requests after the emulated latency.
+        (Distance(latency_ms=5), {"storage_relay_late_frac": 0.8}, "the endpoint itself"),
+        (Distance(latency_ms=20), {}, "latency (16 requests in flight of 42 ms)"),
+    ],
+)  # fmt: skip
+def test_the_limit_a_bucket_run_meets_first(distance, metrics, limit):
+    found = holding_back(
+        {**_from_bucket(6000, 6000, 42.0, 100.0, stage_worker_cpu_us=900.0), **metrics},
+        380.0, distance, 2, 2,
+    )  # fmt: skip
+    assert found is not None and found.short.startswith(limit)
+    # Local files: no storage limit at all.
+    assert holding_back({"stage_worker_cpu_us": 900.0}, 380.0, distance, 2, 2) is None

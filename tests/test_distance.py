@@ -101,6 +101,12 @@ def test_past_the_request_rate_503s_are_refused_and_counted(relayed) -> None:
 def test_no_distance_no_relay(s3: server.Running, tmp_path: Path) -> None:
     with emulated(storage(s3), tmp_path) as via:
         assert via == ""
+    with emulated(storage(s3, latency_ms=20, emulate=False), tmp_path) as via:
+        assert via == ""  # storage.emulate=false: the server as it answers
+    real = storage(s3, latency_ms=20)
+    real.endpoint = "https://s3.example"
+    with emulated(real, tmp_path) as via:
+        assert via == ""  # a real bucket's distance is its own
     assert Distance(latency_ms=20, requests_per_s=3500).describe() == "20 ms, 3,500 requests/s"
 
 
@@ -112,10 +118,11 @@ def test_a_job_reads_through_the_relay_and_says_so(
     url = f"s3://{server.BUCKET}/syn-distance"
     client.configure(client.Endpoint(s3.endpoint, server.REGION, True))
     upload_tree(synthetic_root, parse(url))
-    cfg = make_cfg("n_workers=2", "batch_size=20", *s3.overrides(url), "storage.latency_ms=30")
+    overrides = s3.overrides(url, profile="custom")
+    cfg = make_cfg("n_workers=2", "batch_size=20", *overrides, "storage.latency_ms=30")
     run_training(cfg, output_dir=tmp_path)
     recorded = json.loads((tmp_path / "results.json").read_text())
-    assert recorded["tags"]["storage_distance"] == "30 ms"
+    assert recorded["tags"]["storage_distance"] == "custom: 30 ms"
     assert recorded["tags"]["storage_endpoint"] == s3.endpoint.removeprefix("http://")
     epoch = recorded["epochs"][0]
     assert epoch["storage_requests"] == 120
@@ -124,15 +131,36 @@ def test_a_job_reads_through_the_relay_and_says_so(
     assert recorded["metrics"]["storage_relay_503s"] == 0
 
 
+def test_a_latency_bound_loader_feeds_the_accelerator_what_its_requests_in_flight_allow(
+    s3: server.Running, synthetic_root: Path, make_cfg, tmp_path: Path
+) -> None:
+    """One worker keeps 4 GETs in flight at 200 ms each: 4 / 0.2 s x 1 image a GET = 20
+    images/s, whatever the machine (its CPU needs a few ms per image). An emulated accelerator
+    taking 40 images/s is then busy half the time: AU within 10% of 20 / 40."""
+    from facebench.storage.sync import upload_tree
+
+    url = f"s3://{server.BUCKET}/syn-latency-bound"
+    client.configure(client.Endpoint(s3.endpoint, server.REGION, True))
+    upload_tree(synthetic_root, parse(url))
+    latency_s, in_flight, pace = 0.2, 4, 40.0
+    cfg = make_cfg(
+        "loader=dataset", "n_workers=1", f"storage.requests_per_worker={in_flight}",
+        "batch_size=8",  # two rounds of 4 GETs a batch
+        *s3.overrides(url, profile="custom"), f"storage.latency_ms={latency_s * 1000:g}",
+        "accelerator=custom", f"accelerator.images_per_s={pace:g}",
+    )  # fmt: skip
+    run_training(cfg, output_dir=tmp_path)
+    recorded = json.loads((tmp_path / "results.json").read_text())
+    allowed = in_flight / latency_s * 1  # images a second: in flight / latency x images a GET
+    au = recorded["metrics"]["au"]
+    assert au == pytest.approx(allowed / pace, rel=0.10)
+    assert recorded["tags"]["storage_limit"].startswith("latency (4 requests in flight")
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
         (["storage.latency_ms=20"], r"storage.latency_ms: a bucket's distance, for storage=s3"),
-        (
-            ["storage=s3", "storage.url=s3://facebench/x", "storage.endpoint=https://s3.example",
-             "storage.latency_ms=20"],
-            r"storage.latency_ms: a distance is emulated by a relay in front of a plain http://",
-        ),
         (
             ["storage=s3", "storage.url=s3://facebench/x", "storage.endpoint=http://127.0.0.1:1",
              "storage.requests_per_s=-1"],

@@ -10,8 +10,19 @@ from facebench.host.printable import printable
 from facebench.host.resources import usable_cores
 from facebench.report.tables import markdown
 from facebench.shards import room
+from facebench.storage.distance import Distance
+from facebench.storage.limits import (
+    Limit,
+    count,
+    holding_back,
+    hosts_allowed,
+    images_per_request,
+)
 
 LOADER_MIN_S = 10.0  # what one loader needs at least: shards for a sample, a few short runs
+# Fewer GETs than this in a measurement (a few large shards): no rate or requests in flight is
+# read from them.
+FEW_REQUESTS = 100
 
 
 @dataclass
@@ -34,6 +45,12 @@ class Advice:
     accelerator_rate: float = 0.0
     accelerator_name: str = ""
     accelerator_host_cpu: float = 1.0  # the share of a core each rank's loop keeps busy
+    # Where the data were read: '' for local files, else the bucket (and its emulated distance),
+    # the distance's limits (all 0 where none was emulated), and the GETs each worker keeps in
+    # flight (storage.requests_per_worker).
+    storage: str = ""
+    distance: Distance = field(default_factory=Distance)
+    requests_per_worker: int = 8
 
     @property
     def per_host(self) -> bool:
@@ -49,8 +66,21 @@ class Advice:
 
     @property
     def target(self) -> str:
-        """What is to be kept fed: 'resnet50 on cuda:0', or 'an emulated h100'."""
-        return f"{self.model} on {self.device}" if not self.per_host else self.device
+        """What is to be kept fed: 'resnet50 on cuda:0', or 'an emulated h100'; and from
+        where, when the data are in a bucket."""
+        target = f"{self.model} on {self.device}" if not self.per_host else self.device
+        return f"{target} from {self.storage}" if self.storage else target
+
+    def storage_limit(self, measured: Measured) -> Limit | None:
+        """What held a loader reading a bucket back at its best worker count: latency, a
+        bandwidth, the request rate, the endpoint; None from local files or where its workers'
+        CPU was the bound."""
+        if not self.storage or not measured.rates:
+            return None
+        workers, best = measured.best()
+        return holding_back(
+            measured.stages.get(workers, {}), best, self.distance, workers, usable_cores()
+        )
 
     def ordered(self) -> list[Measured]:
         """Loaders that keep the device fed first (fewest workers, then fastest), then the rest."""
@@ -81,11 +111,20 @@ class Advice:
                     epoch,
                     f"{m.prepare_s * self.scale():,.1f} s" if m.shard_bytes else "-",
                     room.gb(m.shard_bytes * self.scale()) if m.shard_bytes else "-",
-                    "" if fewest is not None else shortfall(m, self.ceiling, cores, self.measured),
+                    "" if fewest is not None else self.why_not(m, cores),
                     *([self.fed_per_host(m, cores)] if self.per_host else []),
                 ]
             )
         return rows
+
+    def why_not(self, measured: Measured, cores: int) -> str:
+        """Why a loader does not keep the device fed: the storage's limit first, where one
+        held it back, then how it scales and its costliest stage."""
+        limit = self.storage_limit(measured)
+        if limit is None:
+            return shortfall(measured, self.ceiling, cores, self.measured)
+        note = f"; {measured.note}" if measured.note else ""
+        return f"held back by {limit.detail}{note}"
 
     def fed_per_host(self, measured: Measured, cores: int) -> str:
         """An estimate of how many accelerators it feeds on this host at once, and what limits
@@ -95,17 +134,26 @@ class Advice:
         one and the stage that costs its workers most."""
         if not measured.rates:
             return "-"
-        estimate = self.per_host_estimate(*measured.best(), cores)
+        estimate = self.per_host_estimate(*measured.best(), cores, measured)
         if estimate is not None:
             return f"about {estimate[0]}: {estimate[1]}"
         best = measured.best()[1]
-        costly = stages.dominant_label(measured.stages.get(measured.best()[0], {}))
+        limit = self.storage_limit(measured)
+        costly = (
+            limit.short
+            if limit
+            else stages.dominant_label(measured.stages.get(measured.best()[0], {}))
+        )
         held = f", held back by {costly}" if costly else ""
         return f"0 (AU about {best / self.accelerator_rate:.0%} with one{held})"
 
-    def per_host_estimate(self, workers: int, best: float, cores: int) -> tuple[int, str] | None:
+    def per_host_estimate(
+        self, workers: int, best: float, cores: int, measured: Measured | None = None
+    ) -> tuple[int, str] | None:
         """(accelerators one host feeds at once, what limits the count), from a loader's rate
-        with `workers` workers and this host's cores; None where it feeds not even one."""
+        with `workers` workers and this host's cores, and from a bucket, the limits every rank
+        shares (the prefix's request rate, the host's link); None where it feeds not even
+        one."""
         if best < self.ceiling:
             return None
         by_rate = int(best // self.ceiling)
@@ -114,13 +162,23 @@ class Advice:
         loop = max(0.1, self.accelerator_host_cpu)
         per_rank = workers + loop
         by_cores = max(1, int(cores // per_rank))
-        if by_cores < by_rate:
-            plural = "s" if workers > 1 else ""
-            return by_cores, (
-                f"{cores} cores, and each rank needs {per_rank:g} (its loop's {loop:g} and "
-                f"{workers} worker{plural})"
-            )
-        return by_rate, f"its rate, {best / self.ceiling:.2f}x one's pace"
+        plural = "s" if workers > 1 else ""
+        limits = [
+            (by_rate, 2, f"its rate, {best / self.ceiling:.2f}x one's pace"),
+            (by_cores, 1, f"{cores} cores, and each rank needs {per_rank:g} (its loop's "
+                          f"{loop:g} and {workers} worker{plural})"),
+        ]  # fmt: skip
+        shared = (
+            hosts_allowed(measured.stages.get(workers, {}), self.distance, self.ceiling)
+            if measured is not None and self.storage
+            else None
+        )
+        if shared is not None:  # every rank's GETs go to one prefix, over one link
+            limits.append((max(1, shared[0]), 0, shared[1]))
+        # The tightest; where two agree, the storage's before the cores, the cores before
+        # the rate: the one a faster loader would not lift.
+        count, _, limit = min(limits)
+        return count, limit
 
     def verdict(self) -> str:
         if not any(m.rates for m in self.measured):
@@ -150,8 +208,9 @@ class Advice:
             f"({rate:,.0f} images/s against {self.ceiling:,.0f}: {headroom}), one epoch of "
             f"{self.n_images:,} images in about {epoch:,.0f} s."
         )
+        text += self._in_flight(chosen, workers)
         if self.per_host:
-            count, limit = self.per_host_estimate(workers, rate, usable_cores()) or (0, "")
+            count, limit = self.per_host_estimate(workers, rate, usable_cores(), chosen) or (0, "")
             text += (
                 f" One host feeds about {count} at once, limited by {limit}: an estimate; "
                 f"python train.py -m accelerator={self.accelerator_name} "
@@ -159,6 +218,30 @@ class Advice:
                 "measures them."
             )
         return text + self._what_else(chosen, fed)
+
+    def _in_flight(self, chosen: Measured, workers: int) -> str:
+        """From a bucket: the requests the choice keeps in flight (Little's law: requests a
+        second x each one's time), and what holds it back beyond its pace."""
+        metrics = chosen.stages.get(workers, {})
+        per_request = images_per_request(metrics)
+        p50 = metrics.get("storage_get_p50_ms")
+        if not self.storage or not per_request or p50 is None:
+            return ""
+        requests = metrics["storage_requests"]
+        if requests < FEW_REQUESTS:  # too few for a rate: what they were
+            size = metrics.get("storage_bytes", 0.0) / requests / 1e6
+            return (
+                f" From the bucket it made {requests:,.0f} requests of {size:,.1f} MB "
+                f"({count(per_request)} images each, {p50:,.0f} ms at p50)."
+            )
+        per_s = chosen.rates[workers] / per_request
+        text = (
+            f" From the bucket it keeps about {per_s * p50 / 1000:,.0f} requests in flight "
+            f"({per_s:,.0f} requests/s of {count(per_request)} images, {p50:,.0f} ms each at p50; "
+            f"storage.requests_per_worker={self.requests_per_worker})"
+        )
+        limit = self.storage_limit(chosen)
+        return text + (f"; beyond its pace it is held back by {limit.short}." if limit else ".")
 
     def choice(self, fed: list[Measured]) -> tuple[Measured, int]:
         """Among the loaders that keep the device fed with HEADROOM to spare, the one that needs

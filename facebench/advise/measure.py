@@ -16,6 +16,7 @@ from facebench.host.resources import usable_cores
 from facebench.run.epoch import EpochSettings, run_epoch
 from facebench.run.job import Job
 from facebench.shards.manifest import Manifest
+from facebench.storage.distance import counters, snapshot
 
 SHM_NOTE = "shared memory too small"  # how a skip for /dev/shm starts, in the table
 log = logging.getLogger("facebench.advise")
@@ -38,7 +39,8 @@ class Measured:
     shard_bytes: int = 0
     rates: dict[int, float] = field(default_factory=dict)  # n_workers -> steady images/s
     first_batch_s: dict[int, float] = field(default_factory=dict)
-    # n_workers -> its stage_* metrics (facebench/stages.py)
+    # n_workers -> its stage_* metrics (facebench/stages.py), and storage_* where it read a
+    # bucket (facebench/fetches.py)
     stages: dict[int, dict[str, float]] = field(default_factory=dict)
     note: str = ""  # why it was not (fully) measured
 
@@ -83,8 +85,10 @@ def measure_loader(
     counts: list[int],
     deadline: float,
     ceiling: float,
+    via: str = "",
 ) -> Measured:
-    """Shards first (timed apart), then the host-side rate at more and more workers."""
+    """Shards first (timed apart), then the host-side rate at more and more workers; `via`:
+    the relay emulating the bucket's distance, whose counters each measurement reads."""
     measured = Measured(name)
     cfg = with_loader(cfg, name, model="none", host_only=True)
     spec = loaders.get(name)
@@ -120,10 +124,15 @@ def measure_loader(
         )
         sized = replace(ctx, n_workers=workers)
         with spec.held(sized):  # its service (Ray's cluster), outside the epoch's clock
+            before = snapshot(via) if via else {}
             result = run_epoch(functools.partial(spec.build, sized), None, settings)
+            relayed = counters(via, before) if via else {}
         measured.rates[workers] = result.times.steady_images_per_s
         measured.first_batch_s[workers] = result.times.time_to_first_batch_s
-        measured.stages[workers] = result.stages
+        # Its stages, its GETs (from a bucket) and the images they brought: what held it back.
+        measured.stages[workers] = (
+            result.stages | relayed | {"samples_seen": float(result.times.samples_seen)}
+        )
         log.info(
             "%s, n_workers=%d: %.0f images/s (host side)", name, workers, measured.rates[workers]
         )

@@ -21,6 +21,8 @@ from facebench.errors import ConfigError, FacebenchError
 from facebench.host.paths import PROJECT_ROOT, cache_dir
 from facebench.host.resources import allowance
 from facebench.run.job import Job
+from facebench.storage import distance
+from facebench.storage.distance import Distance, emulated
 from facebench.tracking.store import REPORTS_EXPERIMENT
 from facebench.tracking.tracker import Tracker
 
@@ -55,7 +57,15 @@ def advise(cfg: AdviseConfig) -> Advice:
     cfg = replace(cfg, n_workers=max(counts))  # what the resource check looks at
     deadline = started + cfg.budget_s
     job = Job.start(cfg)
-    full = list_data(cfg, job.world)
+    # A bucket's distance, where storage.* asks for one: the relay runs for the whole of advise.
+    with emulated(cfg.storage, cache_dir(cfg.data.cache_dir)) as via:
+        return _advise(cfg, job, started, deadline, counts, via)
+
+
+def _advise(
+    cfg: AdviseConfig, job: Job, started: float, deadline: float, counts: list[int], via: str
+) -> Advice:
+    full = list_data(cfg, job.world, via)
     cfg, data = _subset(cfg, full, job)
     share = min(CEILING_SHARE * cfg.budget_s, deadline - time.perf_counter())
     if job.accelerator is not None:
@@ -72,7 +82,7 @@ def advise(cfg: AdviseConfig) -> Advice:
         ceiling.note(),
     )
     names = cfg.loaders or loaders.names(real_only=True)
-    measured = _each_loader(names, cfg, job, data, counts, deadline, ceiling.images_per_s)
+    measured = _each_loader(names, cfg, job, data, counts, deadline, ceiling.images_per_s, via)
     return Advice(
         counts=counts,
         model=str(cfg.model),
@@ -88,12 +98,29 @@ def advise(cfg: AdviseConfig) -> Advice:
         accelerator_rate=job.accelerator.images_per_s if job.accelerator else 0.0,
         accelerator_name=job.accelerator.name if job.accelerator else "",
         accelerator_host_cpu=job.accelerator.host_cpu if job.accelerator else 1.0,
+        storage=_storage_said(cfg, via),
+        distance=Distance.of(cfg.storage) if via else Distance(),
+        requests_per_worker=cfg.storage.requests_per_worker,
     )
+
+
+def _storage_said(cfg: AdviseConfig, via: str) -> str:
+    """Where the data were read: '' for local files; the bucket, and its distance if emulated."""
+    if cfg.storage.name != "s3":
+        return ""
+    if via:
+        return f"{cfg.storage.url}, at {distance.describe(cfg.storage)} (emulated)"
+    return f"{cfg.storage.url}, at {cfg.storage.endpoint or 'AWS'} as it answers"
 
 
 def _subset(cfg: AdviseConfig, full: JobData, job: Job) -> tuple[AdviseConfig, JobData]:
     """The config and data advise measures with: the data itself, or a subset of it linked into
     the cache when it is larger than sample_images."""
+    if cfg.storage.name == "s3":
+        # Shard sets in a bucket are built from all of it (prepare.py storage=s3); each run is
+        # cut short by the budget instead.
+        log.info("the bucket's data are measured whole: sample_images applies to local data")
+        return cfg, full
     layout = data_layout(cfg.data)
     listing = full.listing
     root = subset_tree(
@@ -125,6 +152,7 @@ def _each_loader(
     counts: list[int],
     deadline: float,
     ceiling: float,
+    via: str,
 ) -> list[Measured]:
     """Each loader in turn, in an equal share of the time left."""
     measured = []
@@ -138,7 +166,7 @@ def _each_loader(
             continue
         try:
             end = time.perf_counter() + share
-            measured.append(measure_loader(name, cfg, job, data, counts, end, ceiling))
+            measured.append(measure_loader(name, cfg, job, data, counts, end, ceiling, via))
         except FacebenchError as error:
             measured.append(Measured(name, note=f"failed: {error}"))
     return measured

@@ -3,7 +3,8 @@ over accelerators_per_host (`train.py -m accelerator=h100 accelerators_per_host=
 
 Per loader, n_workers and accelerator: the most accelerators per host whose runs kept the
 accelerators at or above accelerator.min_au (au_pass), and, for the next count tried, its AU and
-the stage that cost its workers most, which is what holds the next accelerator back; where its
+the stage that cost its workers most (from a bucket, the storage's limit where one held it: latency,
+bandwidth, the request rate), which is what holds the next accelerator back; where its
 ranks' loops and workers outnumbered the host's cores, that too.
 """
 
@@ -25,10 +26,10 @@ class Tried:
     cores: int = 0  # the cores the run could use (its tag cpu_cores); 0 where not recorded
 
 
-def _key(params: Mapping[str, Any]) -> tuple[str, str, str]:
-    """Runs of one loader, n_workers and accelerator at one rate, host share and sync (a sweep
-    over custom rates, batch sizes, crops, accelerator.host_cpu or sync gives each its own
-    line)."""
+def _key(params: Mapping[str, Any], tags: Mapping[str, Any]) -> tuple[str, str, str]:
+    """Runs of one loader, n_workers and accelerator at one rate, host share and sync, from
+    one storage (a sweep over custom rates, batch sizes, crops, accelerator.host_cpu, sync or
+    storage profiles gives each its own line)."""
     name, rate = str(params["accelerator.name"]), float(params.get("accelerator_images_per_s") or 0)
     accelerator = f"{name} ({rate:,.0f} images/s)" if rate else name
     # How much of a core each rank's loop spun while it waited, and when it waited: what a GPU
@@ -37,6 +38,8 @@ def _key(params: Mapping[str, Any]) -> tuple[str, str, str]:
     sync = str(params.get("accelerator.sync", "every_step"))
     if host_cpu != 1.0 or sync != "every_step":
         accelerator += f" [host_cpu {host_cpu:g}, sync {sync}]"
+    if tags.get("storage_distance"):  # a bucket at an emulated distance
+        accelerator += f" from {tags['storage_distance']}"
     return str(params.get("loader")), str(params.get("n_workers")), accelerator
 
 
@@ -45,18 +48,20 @@ def grouped(runs: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str], lis
     results.json's shape: params, metrics, tags (finished runs of an emulated accelerator)."""
     found: dict[tuple[str, str, str], list[Tried]] = defaultdict(list)
     for run in runs:
-        params, metrics = run.get("params", {}), run.get("metrics", {})
+        params, metrics, tags = run.get("params", {}), run.get("metrics", {}), run.get("tags", {})
         if params.get("accelerator.name", "none") == "none" or "au" not in metrics:
             continue
         tried = Tried(
             int(params.get("accelerators_per_host", 1)),
             float(metrics["au"]),
             bool(metrics.get("au_pass")),
-            str(run.get("tags", {}).get("dominant_stage", "")),
+            # From a bucket, the storage's limit where one held the loader back (latency,
+            # bandwidth, the request rate), else the stage that cost its workers most.
+            str(tags.get("storage_limit") or tags.get("dominant_stage", "")),
             float(params.get("accelerator.min_au", 0.90)),
-            int(run.get("tags", {}).get("cpu_cores", 0) or 0),
+            int(tags.get("cpu_cores", 0) or 0),
         )
-        found[_key(params)].append(tried)
+        found[_key(params, tags)].append(tried)
     return {key: sorted(tries, key=lambda t: t.accelerators) for key, tries in found.items()}
 
 
