@@ -59,7 +59,9 @@ def upload_shards(url: str, s3: server.Running, keys: list[str], names: list[str
         if shard_format is not None:
             needed.add(shard_format)
     for shard_format in sorted(needed):
-        run_python(["prepare.py", *s3.overrides(url, emulate=False), *keys, f"format={shard_format}"])
+        run_python(
+            ["prepare.py", *s3.overrides(url, emulate=False), *keys, f"format={shard_format}"]
+        )
 
 
 def server_cpu_s(running: server.Running) -> float:

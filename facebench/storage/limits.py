@@ -85,9 +85,10 @@ def holding_back(
     own = (
         f", the endpoint's own answer {endpoint_ms:,.0f} ms of it on average" if endpoint_ms else ""
     )
+    requests_said = f"{in_flight:,.0f} request{'' if round(in_flight) == 1 else 's'}"
     return Limit(
-        f"latency ({in_flight:,.0f} requests in flight of {p50:,.0f} ms)",
-        f"latency: about {in_flight:,.0f} requests in flight of {p50:,.0f} ms each (p50{own}), "
+        f"latency ({requests_said} in flight of {p50:,.0f} ms)",
+        f"latency: about {requests_said} in flight of {p50:,.0f} ms each (p50{own}), "
         f"{per_s:,.0f} requests/s of {count(per_request)} images; more in flight (n_workers, "
         "and storage.requests_per_worker for loaders that read each image) or more images a "
         "request (shards) raise it",
