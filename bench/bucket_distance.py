@@ -37,7 +37,9 @@ from facebench.storage.address import parse
 from facebench.storage.sync import upload_tree
 
 LATENCIES_MS = (0, 5, 20, 50)
-SHARD_SIZES = (100, 300, 600)
+# prepare.py cuts a set so that up to 16 workers get a shard each: 4,000 images allow up to 250.
+SHARD_SIZES = (50, 100, 250)
+SHARD_BATCH = 50  # the shard sizes' batch: each size a whole number of batches
 SHARD_LOADERS = ("pickle", "webdataset", "litdata", "s3connector-shards")
 # The article's table: 922,599 images in 758 s with its pickle shards and 5 or 10 workers, its
 # fastest pipeline, on one RTX 2080 Ti: 1,217 images/s, the rate its GPU trained at (or more).
@@ -212,10 +214,11 @@ def main() -> None:
             section = bench.section("Loaders at an emulated distance", details, body)
             bench.publish("distance-loaders", section)
         if "shards" in args.only:
-            body = shard_table(scratch, s3, url, common)
+            shards_common = [*data, f"batch_size={SHARD_BATCH}", f"n_workers={args.workers}"]
+            body = shard_table(scratch, s3, url, shards_common)
             details = (
                 f"{where}; `storage=custom storage.latency_ms=20 accelerator=a100 "
-                f"n_workers={args.workers} batch_size={args.batch_size} shard_size=<size>`, each "
+                f"n_workers={args.workers} batch_size={SHARD_BATCH} shard_size=<size>`, each "
                 "set uploaded by prepare.py storage=s3 at that size"
             )
             section = bench.section("Shard sizes at 20 ms", details, body)

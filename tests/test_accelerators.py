@@ -73,6 +73,20 @@ def test_a_host_feeds_the_most_accelerators_that_stayed_above_min_au():
     ]
 
 
+def test_from_a_bucket_the_per_host_line_names_the_distance_and_the_storage_limit():
+    """A sweep from an emulated bucket: its line says from where, and the next count is held
+    back by the storage's limit, not by the stage that merely cost the workers most."""
+    runs = [_tried("dataset", 1, 0.95), _tried("dataset", 2, 0.55)]
+    for run in runs:
+        run["tags"]["storage_distance"] = "S3 Standard, same region: 20 ms"
+    runs[1]["tags"]["storage_limit"] = "latency (16 requests in flight of 42 ms)"
+    assert hosts_fed.lines(runs) == [
+        "dataset, 2 workers: feeds 1 custom (400 images/s) from S3 Standard, same region: 20 ms "
+        "per host at AU >= 90% (AU 95.0%); with 2: AU 55.0%, held back by latency (16 requests "
+        "in flight of 42 ms)"
+    ]
+
+
 class _Clock:
     def __init__(self) -> None:
         self.now = 0.0

@@ -69,13 +69,13 @@ SHARD_LOADERS = [
 ]
 
 
-@pytest.fixture(autouse=True)
 def plain(running: server.Running, url: str = f"s3://{server.BUCKET}/data") -> list[str]:
     """A run's overrides for data under `url` on the server as it answers: these tests read the
     server itself, not an emulated distance (tests/test_distance.py)."""
     return running.overrides(url, emulate=False)
 
 
+@pytest.fixture(autouse=True)
 def endpoint(s3: server.Running) -> Iterator[client.Endpoint]:
     """Each test starts with the client pointed at the module's server."""
     os.environ.update(s3.environment())
@@ -295,6 +295,11 @@ def test_a_shard_set_in_a_bucket_is_trusted_only_whole_and_current(
     prepare_here(*plain(s3, url), "format=pickle", "batch_size=8")  # restores both
     spec, ctx = _bucket_ctx(make_cfg, s3, url, "pickle")
     spec.set_up_job(ctx)
+    # A shard_size prepare.py cut smaller (for up to 16 workers: 120 images, 3 shards of 40
+    # would leave most without one) still serves a run of 2 workers, who get a shard each.
+    prepare_here(*plain(s3, url), "format=pickle", "batch_size=8", "shard_size=40")
+    spec, sized = _bucket_ctx(make_cfg, s3, url, "pickle", "shard_size=40")
+    assert spec.set_up_job(sized)["shard_size_used"] == 8
     # Other settings (another seed shuffles the samples into other shards) name what differs.
     _, other = _bucket_ctx(make_cfg, s3, url, "pickle", "seed=1")
     with pytest.raises(ShardError, match=r"built with other settings: seed 0 \(this run: 1\)"):

@@ -81,9 +81,14 @@ def trusted_bucket_set(
         raise ShardError(f"{folder}: no shard set there (no {MANIFEST}). Upload one: {upload}")
     if formats.get(format_name).per_worker:
         built = int(manifest.settings["shard_size"])
-        shard_size = sized_for(
-            len(listing.usable.records), shard_size, readers, batch_size, format_name, built
-        )
+        n_samples = len(listing.usable.records)
+        # prepare.py cuts for up to SERVED_READERS workers, not knowing this run's: the size it
+        # chose for this shard_size serves this run too where every reader gets a shard.
+        prepared = sized_for(n_samples, shard_size, None, batch_size, format_name, built)
+        if built == prepared and -(-n_samples // built) >= readers:
+            shard_size = built
+        else:
+            shard_size = sized_for(n_samples, shard_size, readers, batch_size, format_name, built)
     wanted = settings_for(format_name, seed, shard_size, sorted(listing.usable.excluded), resize)
     if manifest.source_fingerprint != listing.fingerprint:
         raise ShardError(
