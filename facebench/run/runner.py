@@ -244,6 +244,8 @@ def _say_storage_limit(
     """From a bucket: the limit that held the loader back (latency, bandwidth, the request
     rate, the endpoint or the relay), logged and tagged, so that no run blames its loader for
     the storage's limit or the emulation's own."""
+    if metrics.get("au_pass"):  # the emulated accelerators were fed: they set the pace
+        return
     rate = metrics.get("steady_images_per_s", metrics.get("images_per_s", 0.0))
     limit = holding_back(metrics, rate, distance, cfg.n_workers, usable_cores())
     if limit is not None:

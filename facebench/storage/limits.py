@@ -57,7 +57,11 @@ def holding_back(
             "faster than this says",
         )
     cpu_us = metrics.get("stage_worker_cpu_us", 0.0)
-    if cpu_us and images_per_s * cpu_us / 1e6 >= BUSY * min(max(1, workers), cores):
+    # The cores the workers could have: an emulated accelerator's spinning wait keeps some (up
+    # to a whole core, accelerator.host_cpu).
+    spun = metrics.get("accelerator_host_cpu_s", 0.0) / max(1e-9, metrics.get("epoch_time_s", 0.0))
+    free = max(0.5, cores - min(spun, cores))
+    if cpu_us and images_per_s * cpu_us / 1e6 >= BUSY * min(max(1, workers), free):
         return None
     if metrics.get("storage_relay_late_frac", 0.0) >= LATE:
         return Limit(
@@ -79,13 +83,16 @@ def holding_back(
     p50 = metrics.get("storage_get_p50_ms")
     if p50 is None:
         return None
-    in_flight = per_s * p50 / 1000
+    # Little's law over the epoch: requests a second x each one's time. Below one, the workers
+    # waited for a GET that share of the time.
+    in_flight = metrics.get("storage_requests_per_s", per_s) * p50 / 1000
     endpoint_ms = metrics.get("storage_relay_endpoint_ms")
     # Where a relay emulates the latency, how much of each request the endpoint itself took.
     own = (
         f", the endpoint's own answer {endpoint_ms:,.0f} ms of it on average" if endpoint_ms else ""
     )
-    requests_said = f"{in_flight:,.0f} request{'' if round(in_flight) == 1 else 's'}"
+    shown = f"{in_flight:,.0f}" if in_flight >= 10 else f"{in_flight:.1f}"
+    requests_said = f"{shown} request{'' if shown == '1.0' else 's'}"
     return Limit(
         f"latency ({requests_said} in flight of {p50:,.0f} ms)",
         f"latency: about {requests_said} in flight of {p50:,.0f} ms each (p50{own}), "
