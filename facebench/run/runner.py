@@ -225,7 +225,8 @@ def _run(cfg: TrainConfig, job: Job, tracker: Tracker, results: JobResults, read
         tracker.log_metrics(relayed)
     # The limits are the emulated ones where a relay ran; a real bucket's are unknown here.
     emulated_distance = Distance.of(cfg.storage) if ready.via else Distance()
-    _say_storage_limit(cfg, emulated_distance, metrics, results, tracker)
+    if job.world.is_main:  # the job's metrics, merged over its ranks: said once
+        _say_storage_limit(cfg, emulated_distance, metrics, results, tracker)
     label = stages.dominant_label(metrics)
     if label:  # the runs table shows where the workers' time went
         results.tags["dominant_stage"] = label
