@@ -368,7 +368,7 @@ def test_from_a_bucket_the_storage_limit_is_named_and_bounds_the_host(monkeypatc
     ("distance", "metrics", "limit"),
     [
         # 503s, or a rate at the prefix's: the request rate.
-        (Distance(requests_per_s=400), {"storage_throttled": 12.0}, "the request rate: 380 of 400"),
+        (Distance(requests_per_s=500), {"storage_throttled": 12.0}, "the request rate: 380 of 500"),
         # 20 MB a GET at 100 Mbit/s: 1.6 s, far beyond 20 ms.
         (Distance(latency_ms=20, bandwidth_mbps=100), {"storage_bytes": 20e6 * 6000},
          "each connection's bandwidth (1,600 ms a request)"),
@@ -387,3 +387,21 @@ def test_the_limit_a_bucket_run_meets_first(distance, metrics, limit):
     assert found is not None and found.short.startswith(limit)
     # Local files: no storage limit at all.
     assert holding_back({"stage_worker_cpu_us": 900.0}, 380.0, distance, 2, 2) is None
+
+
+def test_no_storage_limit_is_named_where_it_cannot_be_told():
+    bucket = _from_bucket(6000, 6000, 42.0, 100.0)
+    # Workers' CPU not broken down (DALI's threads): the CPU may be the bound, so no blame.
+    assert holding_back(bucket, 380.0, Distance(latency_ms=20), 2, 2) is None
+    # Each rank's accelerator spins half a core (rank 0's figure); two ranks' 760 images/s at
+    # 1.4 ms of CPU each keep 1.06 of the one core left to their workers busy: CPU-bound. Read
+    # as one rank, half a core spun, the same run would have looked idle and blamed latency.
+    busy = {**bucket, "stage_worker_cpu_us": 1400.0, "accelerator_host_cpu_s": 5.0,
+            "epoch_time_s": 10.0}  # fmt: skip
+    assert holding_back(busy, 760.0, Distance(latency_ms=20), 4, 2, ranks=2) is None
+    assert holding_back(busy, 760.0, Distance(latency_ms=20), 4, 2, ranks=1) is not None
+    # No latency emulated: no answer is "late", and the bandwidth is what shows.
+    slow = {**bucket, "stage_worker_cpu_us": 900.0, "storage_relay_late_frac": 1.0,
+            "storage_bytes": 20e6 * 6000}  # fmt: skip
+    found = holding_back(slow, 380.0, Distance(bandwidth_mbps=100), 2, 2)
+    assert found is not None and found.short.startswith("each connection's bandwidth")

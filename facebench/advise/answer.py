@@ -235,8 +235,9 @@ class Advice:
                 f"({count(per_request)} images each, {p50:,.0f} ms at p50)."
             )
         per_s = chosen.rates[workers] / per_request
+        in_flight = metrics.get("storage_requests_per_s", per_s) * p50 / 1000  # as limits.py
         text = (
-            f" From the bucket it keeps about {per_s * p50 / 1000:,.0f} requests in flight "
+            f" From the bucket it keeps about {in_flight:,.0f} requests in flight "
             f"({per_s:,.0f} requests/s of {count(per_request)} images, {p50:,.0f} ms each at p50; "
             f"storage.requests_per_worker={self.requests_per_worker})"
         )

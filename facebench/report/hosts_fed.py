@@ -40,6 +40,8 @@ def _key(params: Mapping[str, Any], tags: Mapping[str, Any]) -> tuple[str, str, 
         accelerator += f" [host_cpu {host_cpu:g}, sync {sync}]"
     if tags.get("storage_distance"):  # a bucket at an emulated distance
         accelerator += f" from {tags['storage_distance']}"
+    elif tags.get("storage_endpoint"):  # a bucket as it answers
+        accelerator += f" from {tags['storage_endpoint']}"
     return str(params.get("loader")), str(params.get("n_workers")), accelerator
 
 

@@ -28,7 +28,7 @@ from facebench.run import per_host
 from facebench.run.finish import batches_held
 from facebench.run.job import Job
 from facebench.run.measurement import measure, summarise
-from facebench.storage.distance import Distance, counters, emulated
+from facebench.storage.distance import Distance, counters, emulated, snapshot
 from facebench.storage.limits import holding_back
 from facebench.tracking.store import tracking_uri, ui_command
 from facebench.tracking.tracker import UPLOAD_COMMAND, Tracker
@@ -215,18 +215,19 @@ def _run(cfg: TrainConfig, job: Job, tracker: Tracker, results: JobResults, read
         consumer,
         where,
     )
+    relay_start = snapshot(ready.via) if ready.via else None  # the relay over the epochs only
     per_epoch = measure(cfg, job, loader, ctx, trainer, tracker, results.epochs)
     summary = summarise(per_epoch)
     metrics.update({**per_epoch[-1], **summary})  # the last epoch's, and the summaries
     tracker.log_metrics({**summary, **{k: v for k, v in metrics.items() if k in ONCE}})
     if ready.via:  # every 503 the relay sent, those the clients retried unseen included
-        relayed = counters(ready.via)
+        relayed = counters(ready.via, relay_start)
         metrics.update(relayed)
         tracker.log_metrics(relayed)
     # The limits are the emulated ones where a relay ran; a real bucket's are unknown here.
     emulated_distance = Distance.of(cfg.storage) if ready.via else Distance()
     if job.world.is_main:  # the job's metrics, merged over its ranks: said once
-        _say_storage_limit(cfg, emulated_distance, metrics, results, tracker)
+        _say_storage_limit(cfg, job, emulated_distance, metrics, results, tracker)
     label = stages.dominant_label(metrics)
     if label:  # the runs table shows where the workers' time went
         results.tags["dominant_stage"] = label
@@ -235,8 +236,13 @@ def _run(cfg: TrainConfig, job: Job, tracker: Tracker, results: JobResults, read
         log.warning("on_bad_sample=skip: %d samples were left out (samples_skipped)", data.skipped)
 
 
+# Below this share of the epoch waiting for batches, the loop (the model, the device) set the pace.
+NOT_WAITING = 0.1
+
+
 def _say_storage_limit(
     cfg: TrainConfig,
+    job: Job,
     distance: Distance,
     metrics: dict[str, float],
     results: JobResults,
@@ -247,8 +253,11 @@ def _say_storage_limit(
     the storage's limit or the emulation's own."""
     if metrics.get("au_pass"):  # the emulated accelerators were fed: they set the pace
         return
+    if metrics.get("data_wait_frac", 1.0) < NOT_WAITING:  # the model set the pace, not the data
+        return
+    ranks = job.world.world_size  # the job's rate is every rank's, and so are its workers
     rate = metrics.get("steady_images_per_s", metrics.get("images_per_s", 0.0))
-    limit = holding_back(metrics, rate, distance, cfg.n_workers, usable_cores())
+    limit = holding_back(metrics, rate, distance, cfg.n_workers * ranks, usable_cores(), ranks)
     if limit is not None:
         log.info("from the bucket, held back by %s", limit.detail)
         results.tags["storage_limit"] = limit.short

@@ -84,11 +84,10 @@ def trusted_bucket_set(
         n_samples = len(listing.usable.records)
         # prepare.py cuts for up to SERVED_READERS workers, not knowing this run's: the size it
         # chose for this shard_size serves this run too where every reader gets a shard.
+        for_run = sized_for(n_samples, shard_size, readers, batch_size, format_name, built)
         prepared = sized_for(n_samples, shard_size, None, batch_size, format_name, built)
-        if built == prepared and -(-n_samples // built) >= readers:
-            shard_size = built
-        else:
-            shard_size = sized_for(n_samples, shard_size, readers, batch_size, format_name, built)
+        serves = built == prepared and -(-n_samples // built) >= readers
+        shard_size = built if serves else for_run
     wanted = settings_for(format_name, seed, shard_size, sorted(listing.usable.excluded), resize)
     if manifest.source_fingerprint != listing.fingerprint:
         raise ShardError(

@@ -282,7 +282,8 @@ class Relay:
                 up_reader = upstream[0]
                 answered = time.monotonic()
                 self.endpoint_s += answered - sent
-                self.late += answered > arrived + self.distance.latency_ms / 1000
+                if self.distance.latency_ms:  # with none emulated, nothing is late
+                    self.late += answered > arrived + self.distance.latency_ms / 1000
                 await self._after_latency(arrived)
                 writer.write(response.head)
                 await _relay_body(response, up_reader, writer, pace, self.link)

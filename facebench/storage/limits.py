@@ -31,16 +31,23 @@ class Limit:
 
 
 def holding_back(
-    metrics: Mapping[str, float], images_per_s: float, distance: Distance, workers: int, cores: int
+    metrics: Mapping[str, float],
+    images_per_s: float,
+    distance: Distance,
+    workers: int,
+    cores: int,
+    ranks: int = 1,
 ) -> Limit | None:
-    """The limit that holds a run from a bucket back; None where it read no bucket or its
-    workers' CPU is the bound."""
+    """The limit that holds a run from a bucket back; None where it read no bucket, or its
+    workers' CPU is the bound or unknown. `images_per_s` and `workers` are the whole job's
+    (`ranks` ranks on this host, each spinning its accelerator's wait)."""
     per_request = images_per_request(metrics)
     if not per_request or images_per_s <= 0:
         return None
     requests = metrics["storage_requests"]
     per_s = images_per_s / per_request  # at the steady rate, where the epoch's includes start-up
-    refused = metrics.get("storage_relay_503s", 0.0) + metrics.get("storage_throttled", 0.0)
+    # The same 503s, seen by the relay (all of them) and by the clients (those they report).
+    refused = max(metrics.get("storage_relay_503s", 0.0), metrics.get("storage_throttled", 0.0))
     if distance.requests_per_s and (refused or per_s >= NEAR * distance.requests_per_s):
         said = f"the request rate: {per_s:,.0f} of {distance.requests_per_s:,.0f} requests/s"
         return Limit(
@@ -56,14 +63,16 @@ def holding_back(
             "the relay emulating the distance (it kept its one core busy): the loader may be "
             "faster than this says",
         )
-    cpu_us = metrics.get("stage_worker_cpu_us", 0.0)
+    cpu_us = metrics.get("stage_worker_cpu_us")
+    if cpu_us is None:  # workers not broken down (DALI's threads): their CPU could be the bound
+        return None
     # The cores the workers could have: an emulated accelerator's spinning wait keeps some (up
     # to a whole core, accelerator.host_cpu).
     spun = metrics.get("accelerator_host_cpu_s", 0.0) / max(1e-9, metrics.get("epoch_time_s", 0.0))
-    free = max(0.5, cores - min(spun, cores))
-    if cpu_us and images_per_s * cpu_us / 1e6 >= BUSY * min(max(1, workers), free):
+    free = max(0.5, cores - min(ranks * spun, cores))
+    if images_per_s * cpu_us / 1e6 >= BUSY * min(max(1, workers), free):
         return None
-    if metrics.get("storage_relay_late_frac", 0.0) >= LATE:
+    if distance.latency_ms and metrics.get("storage_relay_late_frac", 0.0) >= LATE:
         return Limit(
             "the endpoint itself",
             f"the endpoint itself: it answered {metrics['storage_relay_late_frac']:.0%} of the "
