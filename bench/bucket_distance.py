@@ -175,6 +175,56 @@ def article_table(scratch: str, s3: server.Running, url: str, data: list[str]):
     return markdown(header, rows)
 
 
+def publish_latency(bench: Bench, scratch: str, s3: server.Running, url: str, where: str) -> None:
+    args = bench.args
+    common = [f"data.n_images={args.images}", f"batch_size={args.batch_size}",
+              f"n_workers={args.workers}"]  # fmt: skip
+    body = latency_table(scratch, s3, url, common, args.loaders)
+    details = (
+        f"{where}; `storage=custom storage.latency_ms=<ms>` (0: `storage.emulate=false`), "
+        f"`n_workers={args.workers} batch_size={args.batch_size}`; host side "
+        "(`model=none host_only=true`), then `accelerator=a100` for AU; relay CPU: its "
+        "CPU time over its life, a share of its one core; answered late: the share of "
+        "requests the server answered after the emulated latency"
+    )
+    section = bench.section("Loaders at an emulated distance", details, body)
+    bench.publish("distance-loaders", section)
+
+
+def publish_shards(bench: Bench, scratch: str, s3: server.Running, url: str, where: str) -> None:
+    args = bench.args
+    shards_common = [f"data.n_images={args.images}", f"batch_size={SHARD_BATCH}",
+                     f"n_workers={args.workers}"]  # fmt: skip
+    body = shard_table(scratch, s3, url, shards_common)
+    details = (
+        f"{where}; `storage=custom storage.latency_ms=20 accelerator=a100 "
+        f"n_workers={args.workers} batch_size={SHARD_BATCH} shard_size=<size>`, each "
+        "set uploaded by prepare.py storage=s3 at that size"
+    )
+    section = bench.section("Shard sizes at 20 ms", details, body)
+    bench.publish("distance-shard-sizes", section)
+
+
+def publish_article(bench: Bench, scratch: str, s3: server.Running, url: str, where: str) -> None:
+    args = bench.args
+    # More images: with 10 workers and batches of 600, each worker gets two batches.
+    ensure_synthetic(cache_dir(""), args.article_images, 0, n_procs=2)
+    article_url = f"s3://{server.BUCKET}/bench{args.article_images}"
+    upload_tree(generated_root(args.article_images), parse(article_url))
+    article_data = [f"data.n_images={args.article_images}"]
+    body = article_table(scratch, s3, article_url, article_data)
+    there = where.replace(f"{args.images:,}", f"{args.article_images:,}")
+    details = (
+        f"{there}; `storage=s3` (S3 Standard's profile: 20 ms, 700 Mbit/s a connection, "
+        "5,500 requests/s) `accelerator=custom accelerator.images_per_s="
+        f"{ARTICLE_RATE:.0f}` (the article's own fastest epoch, 922,599 images in 758 s "
+        "on its RTX 2080 Ti) `batch_size=600`; images/s: the whole epoch, start-up "
+        "included, as the article timed it"
+    )
+    section = bench.section("The article's pipelines from emulated S3", details, body)
+    bench.publish("article-s3", section)
+
+
 def main() -> None:
     arguments = parser(__doc__)
     arguments.add_argument("--images", type=int, default=6000)
@@ -206,44 +256,13 @@ def main() -> None:
             "memcached) on the same two cores, the relay in front of it; each job once; "
             "nothing else ran"
         )
-        if "latency" in args.only:
-            body = latency_table(scratch, s3, url, common, args.loaders)
-            details = (
-                f"{where}; `storage=custom storage.latency_ms=<ms>` (0: `storage.emulate=false`), "
-                f"`n_workers={args.workers} batch_size={args.batch_size}`; host side "
-                "(`model=none host_only=true`), then `accelerator=a100` for AU; relay CPU: its "
-                "CPU time over its life, a share of its one core; answered late: the share of "
-                "requests the server answered after the emulated latency"
-            )
-            section = bench.section("Loaders at an emulated distance", details, body)
-            bench.publish("distance-loaders", section)
-        if "shards" in args.only:
-            shards_common = [*data, f"batch_size={SHARD_BATCH}", f"n_workers={args.workers}"]
-            body = shard_table(scratch, s3, url, shards_common)
-            details = (
-                f"{where}; `storage=custom storage.latency_ms=20 accelerator=a100 "
-                f"n_workers={args.workers} batch_size={SHARD_BATCH} shard_size=<size>`, each "
-                "set uploaded by prepare.py storage=s3 at that size"
-            )
-            section = bench.section("Shard sizes at 20 ms", details, body)
-            bench.publish("distance-shard-sizes", section)
-        if "article" in args.only:
-            # More images: with 10 workers and batches of 600, each worker gets two batches.
-            ensure_synthetic(cache_dir(""), args.article_images, 0, n_procs=2)
-            article_url = f"s3://{server.BUCKET}/bench{args.article_images}"
-            upload_tree(generated_root(args.article_images), parse(article_url))
-            article_data = [f"data.n_images={args.article_images}"]
-            body = article_table(scratch, s3, article_url, article_data)
-            there = where.replace(f"{args.images:,}", f"{args.article_images:,}")
-            details = (
-                f"{there}; `storage=s3` (S3 Standard's profile: 20 ms, 700 Mbit/s a connection, "
-                "5,500 requests/s) `accelerator=custom accelerator.images_per_s="
-                f"{ARTICLE_RATE:.0f}` (the article's own fastest epoch, 922,599 images in 758 s "
-                "on its RTX 2080 Ti) `batch_size=600`; images/s: the whole epoch, start-up "
-                "included, as the article timed it"
-            )
-            section = bench.section("The article's pipelines from emulated S3", details, body)
-            bench.publish("article-s3", section)
+        sections = {
+            "latency": publish_latency,
+            "shards": publish_shards,
+            "article": publish_article,
+        }
+        for name in args.only:
+            sections[name](bench, scratch, s3, url, where)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ from facebench.config import AdviseConfig, TrainConfig
 from facebench.data.job_data import JobData
 from facebench.host import shared_memory
 from facebench.host.resources import usable_cores
+from facebench.loaders.shared import LoaderContext
+from facebench.loaders.spec import LoaderSpec
 from facebench.run.epoch import EpochSettings, run_epoch
 from facebench.run.job import Job
 from facebench.shards.manifest import Manifest
@@ -114,31 +116,38 @@ def measure_loader(
                 f"{room.describe()}"
             )
             break
-        settings = EpochSettings(
-            job.device,
-            sample_hz=0,
-            host_only=True,
-            time_limit_s=per_run,
-            geometry=ctx.geometry,
-            in_flight=workers * ctx.options.prefetch_factor,
-        )
-        sized = replace(ctx, n_workers=workers)
-        with spec.held(sized):  # its service (Ray's cluster), outside the epoch's clock
-            before = snapshot(via) if via else {}
-            result = run_epoch(functools.partial(spec.build, sized), None, settings)
-            relayed = counters(via, before) if via else {}
-        measured.rates[workers] = result.times.steady_images_per_s
-        measured.first_batch_s[workers] = result.times.time_to_first_batch_s
-        # Its stages, its GETs (from a bucket) and the images they brought: what held it back.
-        measured.stages[workers] = (
-            result.stages | relayed | {"samples_seen": float(result.times.samples_seen)}
-        )
+        _measure_once(measured, spec, replace(ctx, n_workers=workers), job, per_run, via)
         log.info(
             "%s, n_workers=%d: %.0f images/s (host side)", name, workers, measured.rates[workers]
         )
         if measured.rates[workers] >= ENOUGH * ceiling:
             break  # more workers would only use more of the machine
     return measured
+
+
+def _measure_once(
+    measured: Measured, spec: LoaderSpec, sized: LoaderContext, job: Job, run_s: float, via: str
+) -> None:
+    """One host-side run of `run_s` at sized.n_workers, recorded in `measured`."""
+    workers = sized.n_workers
+    settings = EpochSettings(
+        job.device,
+        sample_hz=0,
+        host_only=True,
+        time_limit_s=run_s,
+        geometry=sized.geometry,
+        in_flight=workers * sized.options.prefetch_factor,
+    )
+    with spec.held(sized):  # its service (Ray's cluster), outside the epoch's clock
+        before = snapshot(via) if via else {}
+        result = run_epoch(functools.partial(spec.build, sized), None, settings)
+        relayed = counters(via, before) if via else {}
+    measured.rates[workers] = result.times.steady_images_per_s
+    measured.first_batch_s[workers] = result.times.time_to_first_batch_s
+    # Its stages, its GETs (from a bucket) and the images they brought: what held it back.
+    measured.stages[workers] = (
+        result.stages | relayed | {"samples_seen": float(result.times.samples_seen)}
+    )
 
 
 def shortfall(

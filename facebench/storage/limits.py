@@ -44,8 +44,25 @@ def holding_back(
     per_request = images_per_request(metrics)
     if not per_request or images_per_s <= 0:
         return None
-    requests = metrics["storage_requests"]
     per_s = images_per_s / per_request  # at the steady rate, where the epoch's includes start-up
+    shared = _shared_limit(metrics, per_s, distance)
+    if shared is not None:
+        return shared
+    cpu_us = metrics.get("stage_worker_cpu_us")
+    if cpu_us is None:  # workers not broken down (DALI's threads): their CPU could be the bound
+        return None
+    # The cores the workers could have: an emulated accelerator's spinning wait keeps some (up
+    # to a whole core, accelerator.host_cpu).
+    spun = metrics.get("accelerator_host_cpu_s", 0.0) / max(1e-9, metrics.get("epoch_time_s", 0.0))
+    free = max(0.5, cores - min(ranks * spun, cores))
+    if images_per_s * cpu_us / 1e6 >= BUSY * min(max(1, workers), free):
+        return None
+    return _waited_for(metrics, per_s, per_request, distance)
+
+
+def _shared_limit(metrics: Mapping[str, float], per_s: float, distance: Distance) -> Limit | None:
+    """A limit every request meets whatever the workers do: the prefix's rate, the host's link,
+    the relay's one core."""
     # The same 503s, seen by the relay (all of them) and by the clients (those they report).
     refused = max(metrics.get("storage_relay_503s", 0.0), metrics.get("storage_throttled", 0.0))
     if distance.requests_per_s and (refused or per_s >= NEAR * distance.requests_per_s):
@@ -63,15 +80,13 @@ def holding_back(
             "the relay emulating the distance (it kept its one core busy): the loader may be "
             "faster than this says",
         )
-    cpu_us = metrics.get("stage_worker_cpu_us")
-    if cpu_us is None:  # workers not broken down (DALI's threads): their CPU could be the bound
-        return None
-    # The cores the workers could have: an emulated accelerator's spinning wait keeps some (up
-    # to a whole core, accelerator.host_cpu).
-    spun = metrics.get("accelerator_host_cpu_s", 0.0) / max(1e-9, metrics.get("epoch_time_s", 0.0))
-    free = max(0.5, cores - min(ranks * spun, cores))
-    if images_per_s * cpu_us / 1e6 >= BUSY * min(max(1, workers), free):
-        return None
+    return None
+
+
+def _waited_for(
+    metrics: Mapping[str, float], per_s: float, per_request: float, distance: Distance
+) -> Limit | None:
+    """What idle workers waited for: the endpoint, a connection's bandwidth, or latency."""
     if distance.latency_ms and metrics.get("storage_relay_late_frac", 0.0) >= LATE:
         return Limit(
             "the endpoint itself",
@@ -80,7 +95,7 @@ def holding_back(
             f"{metrics.get('storage_relay_endpoint_ms', 0.0):,.0f} ms on average): this "
             "measures the server here more than the distance",
         )
-    size_mb = metrics.get("storage_bytes", 0.0) / requests / 1e6
+    size_mb = metrics.get("storage_bytes", 0.0) / metrics["storage_requests"] / 1e6
     transfer_ms = 8 * size_mb / distance.bandwidth_mbps * 1000 if distance.bandwidth_mbps else 0
     if transfer_ms and transfer_ms >= distance.latency_ms:
         return Limit(
