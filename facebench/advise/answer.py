@@ -177,8 +177,8 @@ class Advice:
             limits.append((max(1, shared[0]), 0, shared[1]))
         # The tightest; where two agree, the storage's before the cores, the cores before
         # the rate: the one a faster loader would not lift.
-        count, _, limit = min(limits)
-        return count, limit
+        most, _, limit = min(limits)
+        return most, limit
 
     def verdict(self) -> str:
         if not any(m.rates for m in self.measured):
