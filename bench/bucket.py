@@ -46,19 +46,23 @@ def run_epochs(scratch: str, overrides: list[str]) -> list[dict[str, float]]:
     return json.loads((output / "results.json").read_text())["epochs"]
 
 
+def shard_formats(names: list[str]) -> list[str]:
+    """The shard formats the named loaders (BUCKET_LOADERS' names) read, sorted."""
+    found = set()
+    for name in names:
+        spec = loaders.get(name.split("-")[0])
+        options = spec.options()
+        if "loader.reads=shards" in BUCKET_LOADERS[name]:
+            options.reads = "shards"
+        if (shard_format := spec.format_for(options)) is not None:
+            found.add(shard_format)
+    return sorted(found)
+
+
 def upload_shards(url: str, s3: server.Running, keys: list[str], names: list[str]) -> None:
     """prepare.py storage=s3 for each shard format the chosen loaders read (the data set's
     upload is done by then: prepare.py finds it in place)."""
-    needed = set()
-    for name in names:
-        with_options = BUCKET_LOADERS[name]
-        options = loaders.get(name.split("-")[0]).options()
-        if "loader.reads=shards" in with_options:
-            options.reads = "shards"
-        shard_format = loaders.get(name.split("-")[0]).format_for(options)
-        if shard_format is not None:
-            needed.add(shard_format)
-    for shard_format in sorted(needed):
+    for shard_format in shard_formats(names):
         run_python(
             ["prepare.py", *s3.overrides(url, emulate=False), *keys, f"format={shard_format}"]
         )

@@ -25,10 +25,9 @@ import os
 import tempfile
 from pathlib import Path
 
-from bucket import BUCKET_LOADERS
+from bucket import BUCKET_LOADERS, shard_formats
 from common import Bench, generated_root, parser, run_python
 
-from facebench import loaders
 from facebench.data.synthetic import ensure_synthetic
 from facebench.host.paths import cache_dir
 from facebench.report.tables import markdown
@@ -55,18 +54,6 @@ def run_job(scratch: str, overrides: list[str]) -> dict:
     output = Path(tempfile.mkdtemp(dir=scratch))
     run_python(["train.py", "tracking=false", *overrides, f"hydra.run.dir={output}"])
     return json.loads((output / "results.json").read_text())
-
-
-def shard_formats(names: list[str]) -> list[str]:
-    found = set()
-    for name in names:
-        spec = loaders.get(name.split("-")[0])
-        options = spec.options()
-        if "loader.reads=shards" in BUCKET_LOADERS[name]:
-            options.reads = "shards"
-        if (shard_format := spec.format_for(options)) is not None:
-            found.add(shard_format)
-    return sorted(found)
 
 
 def held_back(results: dict) -> str:

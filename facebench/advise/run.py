@@ -22,7 +22,7 @@ from facebench.host.paths import PROJECT_ROOT, cache_dir
 from facebench.host.resources import allowance
 from facebench.run.job import Job
 from facebench.storage import distance
-from facebench.storage.distance import Distance, emulated
+from facebench.storage.distance import emulated, in_effect
 from facebench.tracking.store import REPORTS_EXPERIMENT
 from facebench.tracking.tracker import Tracker
 
@@ -99,7 +99,7 @@ def _advise(
         accelerator_name=job.accelerator.name if job.accelerator else "",
         accelerator_host_cpu=job.accelerator.host_cpu if job.accelerator else 1.0,
         storage=_storage_said(cfg, via),
-        distance=Distance.of(cfg.storage) if via else Distance(),
+        distance=in_effect(cfg.storage, via),
         requests_per_worker=cfg.storage.requests_per_worker,
     )
 

@@ -28,7 +28,7 @@ from facebench.run import per_host
 from facebench.run.finish import batches_held
 from facebench.run.job import Job
 from facebench.run.measurement import measure, summarise
-from facebench.storage.distance import Distance, counters, emulated, snapshot
+from facebench.storage.distance import Distance, counters, emulated, in_effect, snapshot
 from facebench.storage.limits import holding_back
 from facebench.tracking.store import tracking_uri, ui_command
 from facebench.tracking.tracker import UPLOAD_COMMAND, Tracker
@@ -225,7 +225,7 @@ def _run(cfg: TrainConfig, job: Job, tracker: Tracker, results: JobResults, read
         metrics.update(relayed)
         tracker.log_metrics(relayed)
     # The limits are the emulated ones where a relay ran; a real bucket's are unknown here.
-    emulated_distance = Distance.of(cfg.storage) if ready.via else Distance()
+    emulated_distance = in_effect(cfg.storage, ready.via)
     if job.world.is_main:  # the job's metrics, merged over its ranks: said once
         _say_storage_limit(cfg, job, emulated_distance, metrics, results, tracker)
     label = stages.dominant_label(metrics)

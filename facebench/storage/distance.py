@@ -143,6 +143,12 @@ def emulated(storage: Any, folder: Path) -> Iterator[str]:
     log_path.unlink(missing_ok=True)
 
 
+def in_effect(storage: Any, via: str) -> Distance:
+    """The distance a job's requests meet: the storage's, where its relay (`via`) runs; none
+    where no relay does (local files, a real bucket, storage.emulate=false)."""
+    return Distance.of(storage) if via else Distance()
+
+
 def describe(storage: Any) -> str:
     """'S3 Standard, same region: 20 ms, 700 Mbit/s a connection, 5,500 requests/s'."""
     limits = Distance.of(storage).describe()
