@@ -26,6 +26,7 @@ LAYERS = [
     {"config_checks"},
     {"config"},
     {"fetches"},  # what reading from an object store cost, carried with each batch
+    {"stage_metrics"},  # the stage times' record and an epoch's sums, which stages tallies
     {"stages", "results"},  # what loaders record per image; a job's record on disk
     {"host"},
     {"storage"},  # data in a bucket: addresses, credentials, the client, a local server
