@@ -67,11 +67,16 @@ def mean_file_bytes(records: list[Record]) -> float:
     return _sampled_mean(records, _file_bytes)
 
 
+def _existing(folder: Path) -> Path:
+    """The folder, or its nearest ancestor that exists: where a set not yet written will go,
+    for the filesystem's block size and free space."""
+    while not folder.exists():
+        folder = folder.parent
+    return folder
+
+
 def block_size(folder: Path) -> int:
-    probe = folder
-    while not probe.exists():
-        probe = probe.parent
-    return os.statvfs(probe).f_frsize or 4096
+    return os.statvfs(_existing(folder)).f_frsize or 4096
 
 
 def set_bytes(shard_bytes: list[float], n_samples: int, block: int) -> int:
@@ -82,10 +87,7 @@ def set_bytes(shard_bytes: list[float], n_samples: int, block: int) -> int:
 
 
 def free_bytes(folder: Path) -> int:
-    probe = folder
-    while not probe.exists():
-        probe = probe.parent
-    return shutil.disk_usage(probe).free
+    return shutil.disk_usage(_existing(folder)).free
 
 
 def bytes_in(folder: Path, prefix: str) -> int:
