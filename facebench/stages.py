@@ -168,11 +168,7 @@ def take() -> StageTimes | None:
         tally.fallbacks,
         tally.fetches,
     )
-    tally.fallbacks = 0
-    tally.fetches = None
-    tally.ns = [0] * len(WORKER_STAGES)
-    tally.stage_cpu = [0] * len(WORKER_STAGES)
-    tally.cpu_mark = cpu
+    _local.tally = _Tally(cpu)  # the next batch's tally, its CPU counted from here
     return times
 
 
