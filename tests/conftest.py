@@ -229,7 +229,16 @@ def _alone_when_asked(request: pytest.FixtureRequest, _turns: Path | None) -> It
 
     The `alone` tests form one pytest-xdist group, and the exclusive locks pass from one to
     the next in it: the other worker's test in progress is waited for once, not once a test
-    (up to 40 s each)."""
+    (up to 40 s each).
+
+    Why a lock and not pytest-xdist alone: its groups (`--dist loadgroup`, used here for Ray's
+    tests and these) keep a group's tests in one worker, one after another, but nothing in
+    pytest-xdist keeps the other workers idle meanwhile, and running these with `-n 0` would
+    take a second pytest command beside the README's one. The lock is all that is added; which
+    test runs where is still pytest-xdist's. (The pin of pytest in pyproject.toml is for the
+    groups, not for this: under pytest 9.2.0 pytest-xdist 3.8 puts a group's tests on several
+    workers, pytest-xdist#1386, checked with its reproducer; `_ray_only_for_its_cases` then
+    fails each test in one line rather than letting them race.)"""
     if _turns is None:
         yield
         return
@@ -304,7 +313,8 @@ def pytest_collection_modifyitems(config, items):
     loader=raydata case, or one marked `ray`) is in one pytest-xdist group, run one after
     another in one worker process: a test that counts Ray's processes then sees its own only.
     Within it a loader=raydata case runs last: its first one connects the process to Ray. The
-    tests marked `alone` form a group too, so that they run back to back."""
+    tests marked `alone` form a group too, so that they run back to back. A test that starts
+    Ray or the object server (the `s3` fixture) is slow: the fast subset starts neither."""
     import torch
 
     skip = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA device")
@@ -316,6 +326,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         if loader == "raydata" or _sweeps(item) == ["raydata"] or item.get_closest_marker("ray"):
             item.add_marker(pytest.mark.xdist_group("ray"))
+            item.add_marker(pytest.mark.slow)  # Ray's start alone takes seconds
+        if "s3" in getattr(item, "fixturenames", ()):  # the object server's start, the same
+            item.add_marker(pytest.mark.slow)
         elif item.get_closest_marker("alone") is not None:
             item.add_marker(pytest.mark.xdist_group("alone"))
     items.sort(key=lambda item: _loader_of(item) == "raydata")  # stable: otherwise in order
