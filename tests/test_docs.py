@@ -52,3 +52,17 @@ def test_the_link_check_finds_a_broken_link(tmp_path):
     assert relative_links(tmp_path / "a.md") == ["b.md", "#top", "#nowhere"]
     assert anchors(tmp_path / "a.md") == {"top"}
     assert anchor("The real data: CelebA + DigiFace1M") == "the-real-data-celeba--digiface1m"
+
+
+def test_the_readme_opens_with_a_quick_start_and_ci_runs_its_test_command():
+    """A newcomer's first screen: the install, the first run and the fast tests; the whole README
+    within a few pages (details live in docs/); and CI runs the test command the README gives."""
+    readme = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(readme) <= 250, f"README.md has {len(readme)} lines: move details into docs/"
+    first = "\n".join(readme[:40])
+    for command in ('pip install -e ".[', "python train.py", 'python -m pytest -m "not slow"'):
+        assert command in first, f"{command!r} is not in README.md's first 40 lines"
+    ci = (PROJECT_ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    [everything] = [line for line in readme if line.startswith("python -m pytest ") and "CI" in line]
+    command = everything.split("#")[0].strip()
+    assert command in [line.strip() for line in ci], f"{command!r} is not a line of .ci/run"
