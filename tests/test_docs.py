@@ -63,6 +63,8 @@ def test_the_readme_opens_with_a_quick_start_and_ci_runs_its_test_command():
     for command in ('pip install -e ".[', "python train.py", 'python -m pytest -m "not slow"'):
         assert command in first, f"{command!r} is not in README.md's first 40 lines"
     ci = (PROJECT_ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
-    [everything] = [line for line in readme if line.startswith("python -m pytest ") and "CI" in line]
+    [everything] = [
+        line for line in readme if line.startswith("python -m pytest ") and "CI" in line
+    ]
     command = everything.split("#")[0].strip()
     assert command in [line.strip() for line in ci], f"{command!r} is not a line of .ci/run"
