@@ -74,13 +74,9 @@ def _write(staging: Path, root: Path, records: list[Record]) -> None:
     identities = dict(celeba_identities(root))
     lines = []
     for record in records:
-        relative = Path(record.path).relative_to(root)
-        link = staging / relative
+        relative = _link(staging, root, record)
         if record.source == CELEBA:
-            lines.append(f"{link.name} {identities[link.name]}\n")
-        else:
-            link.parent.mkdir(parents=True, exist_ok=True)
-        os.symlink(os.path.abspath(record.path), link)
+            lines.append(f"{relative.name} {identities[relative.name]}\n")
     (staging / CELEBA / CELEBA_LABELS).write_text("".join(lines), encoding="utf-8")
 
 
@@ -92,10 +88,16 @@ def _write_folder(
         (staging / name).mkdir()
     rows = ["path,label\n"]
     for record in records:
-        relative = Path(record.path).relative_to(root)
-        link = staging / relative
-        link.parent.mkdir(parents=True, exist_ok=True)
-        os.symlink(os.path.abspath(record.path), link)
+        relative = _link(staging, root, record)
         rows.append(f'"{relative.as_posix()}",{labels.classes[record.label]}\n')
     if layout.labels:
         (staging / "labels.csv").write_text("".join(rows), encoding="utf-8")
+
+
+def _link(staging: Path, root: Path, record: Record) -> Path:
+    """A link in staging, at the record's place relative to root, to its file; that place."""
+    relative = Path(record.path).relative_to(root)
+    link = staging / relative
+    link.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(os.path.abspath(record.path), link)
+    return relative
