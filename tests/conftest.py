@@ -81,13 +81,29 @@ def tree_factory(tmp_path: Path) -> Callable[..., Path]:
 
 @pytest.fixture(scope="session")
 def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A cache folder shared by the whole session, so synthetic trees are generated once."""
-    return tmp_path_factory.mktemp("cache")
+    """A cache folder shared by the whole run, every pytest-xdist worker included, so that each
+    synthetic tree and default shard set is built once. Their builders may race safely, as
+    jobs of a sweep do: a tree takes its name by an atomic rename, a shard set is built under
+    a lock (facebench/shards/lock.py). Tests that damage shards build their own elsewhere."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the folder every worker's base temp lies in
+    path = base / "cache"
+    path.mkdir(exist_ok=True)
+    return path
 
 
 @pytest.fixture(scope="session")
 def synthetic_root(cache: Path) -> Path:
     return ensure_synthetic(cache, n_images=120, seed=0, n_procs=1)
+
+
+@pytest.fixture(scope="session")
+def default_size_root(cache: Path) -> Path:
+    """train.py's default set, 6,000 images, for the tests that need epochs that long. Session
+    scoped, so that it is made before a test marked `alone` takes the machine: the fixtures of
+    a wider scope are set up first, the turn (`_alone_when_asked`) with the test's own."""
+    return ensure_synthetic(cache, n_images=6000, seed=0)
 
 
 def compose_config(*overrides: str, config_name: str = "train") -> DictConfig:

@@ -117,9 +117,9 @@ def test_au_leaves_the_first_step_out_and_counts_only_the_steps():
 
 
 @pytest.mark.alone
-@pytest.mark.slow  # 6,000 images to generate: 10 s of the fast subset's minute
+@pytest.mark.slow  # 6,000 images: epochs of 10 steps of 600
 @pytest.mark.parametrize("rate", [2000, 8960])
-def test_the_compute_ceiling_keeps_any_accelerator_busy(make_cfg, rate):
+def test_the_compute_ceiling_keeps_any_accelerator_busy(make_cfg, default_size_root, rate):
     metrics = run_training(
         make_cfg(
             "loader=ceiling",

@@ -134,7 +134,7 @@ def test_spinning_burns_this_core_and_leaves_the_gil_to_other_threads():
 
 @pytest.mark.alone
 @pytest.mark.slow  # 6,000 images, as the ceiling's AU tests in tests/test_accelerators.py
-def test_the_ceiling_keeps_an_h100_busy_at_small_batches_without_sync(make_cfg):
+def test_the_ceiling_keeps_an_h100_busy_at_small_batches_without_sync(make_cfg, default_size_root):
     """The ceiling loader hands batches over at once: with sync=none the loop's own work per
     step (handover, bookkeeping, a late wake-up) overlaps the step, as on a GPU, and AU reaches
     0.99 at batch 100 (11 ms steps)."""

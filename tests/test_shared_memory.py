@@ -234,7 +234,9 @@ def test_in_48_mb_every_loader_is_refused_in_one_line_or_runs(
 
 
 @pytest.mark.slow
-def test_past_the_check_running_out_ends_in_one_line(tmp_path, cache, isolated_env):
+def test_past_the_check_running_out_ends_in_one_line(
+    tmp_path, cache, isolated_env, default_size_root
+):
     # 10 batches: uint8 loaders fit two of theirs (21.6 MiB) in 48 MB, and must meet the limit.
     overrides = ("resource_check=false", "data.n_images=6000")
     command = sweep(tmp_path, cache, *overrides, f"loader={','.join(PROCESS)}")
