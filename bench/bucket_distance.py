@@ -6,7 +6,7 @@ emulated S3 Standard with an emulated 2080 Ti-class accelerator.
     python bench/bucket_distance.py --only latency --loaders dataset pickle
 
 The local object server (on a free port, in a temporary folder) holds the synthetic set and every
-shard loader's set (prepare.py storage=s3); each job runs the relay (facebench/storage/distance.py)
+shard loader's set (prepare.py storage=s3); each job runs the relay (facebench/storage/relay.py)
 in front of it. Latency 0 is the server as it answers (storage.emulate=false: no relay).
 
 - `latency`: each loader at 0, 5, 20 and 50 ms (storage=custom: latency only), n_workers 2, host

@@ -5,7 +5,7 @@ each limit comes to its setting.
     python bench/distance.py --gets 1000
 
 The local object server (python -m facebench.storage.server's, on a free port, in a temporary
-folder) and the relay (facebench/storage/distance.py) run on this machine's cores beside the
+folder) and the relay (facebench/storage/relay.py) run on this machine's cores beside the
 client. Rows: GETs straight to the server; through the relay with no limit worth the name (its
 CPU per GET, so its ceiling on one core); at 20 ms latency (the first byte against the
 setting); at 40 Mbit/s a connection (one 10 MB read against the setting); at 100 requests/s
@@ -44,7 +44,7 @@ def relays() -> list[psutil.Process]:
     return [
         process
         for process in psutil.process_iter(["cmdline"])
-        if "facebench.storage.distance" in " ".join(process.info["cmdline"] or [])
+        if "facebench.storage.relay" in " ".join(process.info["cmdline"] or [])
     ]
 
 
