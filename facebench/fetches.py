@@ -4,7 +4,10 @@ that an epoch's totals and percentiles come from every worker's requests.
 
 Latencies go into log-spaced buckets (each 1.2 times the one below, from 20 us to about 90 s): a
 batch carries two short lists of counts rather than every request's time, tallies from any
-number of workers add up, and a percentile is read to within the bucket's 20%.
+number of workers (and ranks) add up, and a percentile is read to within the bucket's 20%. Their
+sum is kept exactly beside the buckets: the mean latency, which Little's law needs (the mean
+number in flight is the request rate x the MEAN time each takes; a percentile's bucket top would
+overstate it by up to 20%, and more for a skewed spread).
 """
 
 from __future__ import annotations
@@ -31,6 +34,21 @@ def bucket_top_ms(index: int) -> float:
     return _FIRST_NS * _GROWTH**index / 1e6
 
 
+# Every metric Fetches.metrics() may give: what a job's pooled fetches replace of a rank's.
+FETCH_METRICS = frozenset(
+    {
+        "storage_requests",
+        "storage_bytes",
+        "storage_requests_per_s",
+        "storage_mb_per_s",
+        "storage_retries",
+        "storage_throttled",
+        "storage_get_mean_ms",
+    }
+    | {f"storage_{name}_p{share}_ms" for name in ("get", "ttfb") for share in (50, 99)}
+)
+
+
 @dataclass(slots=True)
 class Fetches:
     """GETs made (and the retries and 503 answers among their attempts), bytes received, and
@@ -42,6 +60,7 @@ class Fetches:
     throttled: int = 0  # 503 SlowDown answers, retried or not
     latency: list[int] = field(default_factory=lambda: [0] * BUCKETS)
     first_byte: list[int] = field(default_factory=lambda: [0] * BUCKETS)
+    latency_ns: int = 0  # every GET's latency, summed: the mean's numerator
 
     def add_get(
         self, size: int, latency_ns: int, first_byte_ns: int, retries: int, throttled: int
@@ -51,6 +70,7 @@ class Fetches:
         self.retries += retries
         self.throttled += throttled
         self.latency[bucket(latency_ns)] += 1
+        self.latency_ns += latency_ns
         self.first_byte[bucket(first_byte_ns)] += 1
 
     def add(self, other: Fetches) -> None:
@@ -58,6 +78,7 @@ class Fetches:
         self.bytes += other.bytes
         self.retries += other.retries
         self.throttled += other.throttled
+        self.latency_ns += other.latency_ns
         for mine, theirs in ((self.latency, other.latency), (self.first_byte, other.first_byte)):
             for index, count in enumerate(theirs):
                 mine[index] += count
@@ -78,12 +99,24 @@ class Fetches:
             "storage_throttled": float(self.throttled),
         }
         found = dict(metrics)
+        if self.requests:
+            found["storage_get_mean_ms"] = self.latency_ns / self.requests / 1e6
         for name, histogram in (("get", self.latency), ("ttfb", self.first_byte)):
             for share in (50, 99):
                 value = percentile_ms(histogram, share / 100)
                 if value is not None:
                     found[f"storage_{name}_p{share}_ms"] = value
         return found
+
+
+def requests_in_flight(metrics: Mapping[str, float]) -> float | None:
+    """Little's law: the GETs in flight on average over the epoch, its request rate x each
+    one's mean latency (storage_requests_per_s x storage_get_mean_ms); None where the run read
+    no bucket. Below one, the workers waited for a GET that share of the time."""
+    per_s, mean_ms = metrics.get("storage_requests_per_s"), metrics.get("storage_get_mean_ms")
+    if per_s is None or mean_ms is None:
+        return None
+    return per_s * mean_ms / 1000
 
 
 def percentile_ms(histogram: list[int], share: float) -> float | None:

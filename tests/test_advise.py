@@ -9,6 +9,7 @@ import pytest
 
 from facebench.advise import Advice, Measured, advise, shortfall, worker_counts
 from facebench.errors import ConfigError
+from facebench.fetches import Fetches
 from facebench.host.paths import PROJECT_ROOT
 from facebench.storage.distance import Distance
 from facebench.storage.limits import holding_back
@@ -321,15 +322,15 @@ def test_advises_mlflow_run_is_named_without_spaces_or_an_article(tmp_path, monk
     assert named[0][1]["accelerator"] == "h100"
 
 
-def _from_bucket(requests: float, seen: float, p50_ms: float, mb: float, **more: float) -> dict:
-    """A measurement's metrics from a bucket: GETs, images, p50, MB fetched in all."""
-    return {
-        "storage_requests": requests,
-        "samples_seen": seen,
-        "storage_get_p50_ms": p50_ms,
-        "storage_bytes": mb * 1e6,
-        **more,
-    }
+def _from_bucket(
+    requests: int, seen: float, mean_ms: float, mb: float, per_s: float = 380.0, **more: float
+) -> dict:
+    """A measurement's metrics from a bucket as facebench/fetches.py publishes them: `requests`
+    GETs of `mean_ms` each at `per_s` a second, `seen` images, `mb` MB fetched in all."""
+    fetches = Fetches()
+    for _ in range(requests):
+        fetches.add_get(round(mb * 1e6 / requests), round(mean_ms * 1e6), 1_000_000, 0, 0)
+    return {**fetches.metrics(requests / per_s), "samples_seen": seen, **more}
 
 
 def test_from_a_bucket_the_storage_limit_is_named_and_bounds_the_host(monkeypatch):
@@ -339,16 +340,17 @@ def test_from_a_bucket_the_storage_limit_is_named_and_bounds_the_host(monkeypatc
     per_image.stages = {2: _from_bucket(6000, 6000, 42.0, 100.0, stage_worker_cpu_us=900.0)}
     # Shards: 100 images a GET; fast enough for six h100s by its rate alone.
     shards = Measured("pickle", rates={1: 50_000.0}, prepare_s=3.0, shard_bytes=10**9)
-    shards.stages = {1: _from_bucket(60, 6000, 90.0, 240.0, stage_worker_cpu_us=30.0)}
+    shards.stages = {1: _from_bucket(60, 6000, 90.0, 240.0, 500.0, stage_worker_cpu_us=30.0)}
     advice = _advice(per_image, shards, ceiling=8064.0)
     advice.accelerator_rate, advice.accelerator_name = 8960.0, "h100"
     advice.device = "an emulated h100"
     advice.storage = "s3://facebench/data, at S3 Standard (emulated)"
     advice.distance = Distance(latency_ms=20, requests_per_s=450)
     rows = {row[0]: row for row in advice.rows()}
-    # 380 requests/s x 42 ms: 16 in flight; latency is what holds it.
+    # 380 requests/s x 42 ms on average: 16 in flight (Little's law); latency is what holds it.
     assert rows["dataset"][7].startswith(
-        "held back by latency: about 16 requests in flight of 42 ms each (p50), 380 requests/s "
+        "held back by latency: about 16 requests in flight of 42 ms each (the mean), 380 "
+        "requests/s "
         "of 1 images"
     )
     assert rows["dataset"][-1] == (

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -22,7 +24,14 @@ from facebench import loaders, stages
 from facebench.data.listing import list_bucket_usable, list_usable
 from facebench.data.location import data_layout
 from facebench.errors import ConfigError, DataError, ShardError, StorageError
-from facebench.fetches import Fetches, bucket, bucket_top_ms, percentile_ms
+from facebench.fetches import (
+    FETCH_METRICS,
+    Fetches,
+    bucket,
+    bucket_top_ms,
+    percentile_ms,
+    requests_in_flight,
+)
 from facebench.host.distributed import whole_job
 from facebench.host.paths import PROJECT_ROOT, cache_dir
 from facebench.run.runner import run_training
@@ -124,6 +133,16 @@ def test_latency_percentiles_within_a_bucket() -> None:
     assert percentile_ms([0] * 10, 0.5) is None
     assert bucket_top_ms(bucket(3_000_000)) >= 3.0
     assert Fetches().metrics(1.0) == {}
+
+
+def test_requests_in_flight_are_the_rate_times_the_mean_latency() -> None:
+    fetches = Fetches()
+    for ms in (10, 10, 10, 90):  # a skewed spread: p50 10 ms, mean 30 ms
+        fetches.add_get(1000, ms * 1_000_000, ms * 1_000_000, 0, 0)
+    metrics = fetches.metrics(epoch_time_s=0.1)  # 40 requests/s
+    assert metrics["storage_get_mean_ms"] == pytest.approx(30.0)
+    assert requests_in_flight(metrics) == pytest.approx(40 * 0.030)  # Little's law: 1.2
+    assert requests_in_flight({"images_per_s": 100.0}) is None  # no bucket read
 
 
 def test_server_keeps_its_data_across_restarts(tmp_path: Path) -> None:
@@ -515,20 +534,35 @@ def test_labels_in_a_bucket_are_checked_as_a_local_file(
         list_bucket_usable(parse("s3://facebench/badlabels"), "raise", cache)
 
 
-def test_ranks_storage_metrics_merge() -> None:
+def test_ranks_storage_metrics_merge_as_one_pool_of_requests() -> None:
     common = {"samples_seen": 60.0, "compute_s": 0.1, "time_to_first_batch_s": 0.1}
     common |= {"data_wait_s": 0.5, "data_wait_frac": 0.5}
+    # Rank 0's 60 GETs are quick (2-61 ms), rank 1's 60 slow (200-790 ms): the job's p50 lies
+    # between the two, which neither rank's own p50 (nor the larger of them) is.
+    samples = [[2 + i for i in range(60)], [200 + 10 * i for i in range(60)]]
+    fetched = []
+    for rank, latencies in enumerate(samples):
+        part = Fetches()
+        for ms in latencies:
+            part.add_get(1000 * (rank + 1), ms * 1_000_000, ms * 500_000, rank, 0)
+        fetched.append(part)
     ranks = [
-        {**common, "epoch_time_s": 1.0, "storage_requests": 60.0, "storage_bytes": 6e6},
-        {**common, "epoch_time_s": 2.0, "storage_requests": 60.0, "storage_bytes": 4e6},
+        {**common, "epoch_time_s": 1.0, **fetched[0].metrics(1.0)},
+        {**common, "epoch_time_s": 2.0, **fetched[1].metrics(2.0)},
     ]
-    ranks[0] |= {"storage_retries": 1.0, "storage_get_p99_ms": 30.0}
-    ranks[1] |= {"storage_retries": 2.0, "storage_get_p99_ms": 80.0}
-    merged = whole_job(ranks)
-    assert merged["storage_requests"] == 120 and merged["storage_retries"] == 3
+    merged = whole_job(ranks, fetched)
+    assert merged["storage_requests"] == 120 and merged["storage_retries"] == 60
     assert merged["storage_requests_per_s"] == pytest.approx(60.0)  # over the slowest rank's 2 s
-    assert merged["storage_mb_per_s"] == pytest.approx(5.0)
-    assert merged["storage_get_p99_ms"] == 80.0
+    assert merged["storage_mb_per_s"] == pytest.approx(180_000 / 1e6 / 2)
+    pooled = sorted(samples[0] + samples[1])
+    assert merged["storage_get_mean_ms"] == pytest.approx(statistics.mean(pooled))
+    for share in (50, 99):
+        true = pooled[math.ceil(share / 100 * len(pooled)) - 1]
+        assert true <= merged[f"storage_get_p{share}_ms"] <= true * 1.2, share
+    assert merged["storage_get_p50_ms"] < ranks[1]["storage_get_p50_ms"]
+    # No rank fetched anything: no storage figures, rather than rank 0's.
+    local = [{**rank, "storage_requests": 5.0} for rank in ranks]
+    assert not FETCH_METRICS & whole_job(local, [None, None]).keys()
 
 
 @pytest.mark.slow

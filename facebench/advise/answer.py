@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from facebench import stages
 from facebench.advise.measure import HEADROOM, SHM_NOTE, Measured, shortfall
+from facebench.fetches import requests_in_flight
 from facebench.host.printable import printable
 from facebench.host.resources import usable_cores
 from facebench.report.tables import markdown
@@ -220,26 +221,25 @@ class Advice:
         return text + self._what_else(chosen, fed)
 
     def _in_flight(self, chosen: Measured, workers: int) -> str:
-        """From a bucket: the requests the choice keeps in flight (Little's law: requests a
-        second x each one's time), and what holds it back beyond its pace."""
+        """From a bucket: the requests the choice keeps in flight (Little's law,
+        fetches.requests_in_flight), and what holds it back beyond its pace."""
         metrics = chosen.stages.get(workers, {})
         per_request = images_per_request(metrics)
-        p50 = metrics.get("storage_get_p50_ms")
-        if not self.storage or not per_request or p50 is None:
+        in_flight, mean_ms = requests_in_flight(metrics), metrics.get("storage_get_mean_ms")
+        if not self.storage or not per_request or in_flight is None or mean_ms is None:
             return ""
         requests = metrics["storage_requests"]
         if requests < FEW_REQUESTS:  # too few for a rate: what they were
             size = metrics.get("storage_bytes", 0.0) / requests / 1e6
             return (
                 f" From the bucket it made {requests:,.0f} requests of {size:,.1f} MB "
-                f"({count(per_request)} images each, {p50:,.0f} ms at p50)."
+                f"({count(per_request)} images each, {mean_ms:,.0f} ms on average)."
             )
         per_s = chosen.rates[workers] / per_request
-        in_flight = metrics.get("storage_requests_per_s", per_s) * p50 / 1000  # as limits.py
         text = (
             f" From the bucket it keeps about {in_flight:,.0f} requests in flight "
-            f"({per_s:,.0f} requests/s of {count(per_request)} images, {p50:,.0f} ms each at p50; "
-            f"storage.requests_per_worker={self.requests_per_worker})"
+            f"({per_s:,.0f} requests/s of {count(per_request)} images, {mean_ms:,.0f} ms each on "
+            f"average; storage.requests_per_worker={self.requests_per_worker})"
         )
         limit = self.storage_limit(chosen)
         return text + (f"; beyond its pace it is held back by {limit.short}." if limit else ".")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import os
 import statistics
+from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
@@ -19,6 +20,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
+
+from facebench.fetches import FETCH_METRICS, Fetches
 
 
 @dataclass(frozen=True)
@@ -161,9 +164,11 @@ def join(model: torch.nn.Module | None):
     return nullcontext()
 
 
-def whole_job(per_rank: list[dict[str, float]]) -> dict[str, float]:
+def whole_job(
+    per_rank: list[dict[str, float]], fetches: Sequence[Fetches | None] = ()
+) -> dict[str, float]:
     """One set of metrics for the job: counts summed, times from the slowest rank, stage times
-    averaged.
+    averaged, and a bucket's GETs from every rank's `fetches` pooled.
 
     images_per_s is every rank's samples over the slowest rank's epoch time; data wait is given
     as the mean and the max over ranks, so a straggler shows.
@@ -200,19 +205,15 @@ def whole_job(per_rank: list[dict[str, float]]) -> dict[str, float]:
     else:  # a rank with too few steps for one: rank 0's alone would pose as the job's
         for name in ("au", "au_pass", "accelerator_compute_s", "accelerator_steps"):
             merged.pop(name, None)
-    # A bucket's requests: counts summed, rates over the slowest rank's time; a percentile of
-    # all the ranks' GETs lies between the ranks' own, so the highest is the job's bound.
-    for name in ("storage_requests", "storage_bytes", "storage_retries", "storage_throttled"):
-        values = [m[name] for m in per_rank if name in m]
-        if values:
-            merged[name] = float(sum(values))
-    if "storage_requests" in merged:
-        merged["storage_requests_per_s"] = merged["storage_requests"] / merged["epoch_time_s"]
-        merged["storage_mb_per_s"] = merged["storage_bytes"] / 1e6 / merged["epoch_time_s"]
-    for name in ("get_p50", "get_p99", "ttfb_p50", "ttfb_p99"):
-        values = [m[f"storage_{name}_ms"] for m in per_rank if f"storage_{name}_ms" in m]
-        if values:
-            merged[f"storage_{name}_ms"] = max(values)
+    # A bucket's GETs: every rank's histograms pooled (fetches.py), so the job's percentiles
+    # and mean are those of all its requests, and its rates are over the slowest rank's time.
+    pooled = Fetches()
+    for part in fetches or ():
+        if part is not None:
+            pooled.add(part)
+    for name in FETCH_METRICS & merged.keys():
+        del merged[name]  # rank 0's alone
+    merged.update(pooled.metrics(merged["epoch_time_s"]))
     # Stage times are per image and shares: every rank handles as many images, so the job's
     # are the ranks' means.
     for name in {key for m in per_rank for key in m if key.startswith("stage_")}:

@@ -44,9 +44,10 @@ def stage_times(rows: torch.Tensor) -> StageTimes | None:
 
 
 # A batch's GETs from a bucket (facebench/fetches.py), as one row of int64: requests, bytes,
-# retries, 503s, then the latency and first-byte histograms. A column of its own, present only
-# where the data come from a bucket.
-_FETCH_COLUMNS = 4 + 2 * BUCKETS
+# retries, 503s, the latencies' sum (ns: an int64 holds 292 years of them), then the latency and
+# first-byte histograms. A column of its own, present only where the data come from a bucket.
+_FETCH_HEAD = 5
+_FETCH_COLUMNS = _FETCH_HEAD + 2 * BUCKETS
 
 
 def fetch_rows(fetches: Fetches, n: int) -> np.ndarray:
@@ -54,7 +55,7 @@ def fetch_rows(fetches: Fetches, n: int) -> np.ndarray:
     rows = np.zeros((n, _FETCH_COLUMNS), dtype=np.int64)
     if n:
         head = [fetches.requests, fetches.bytes, fetches.retries, fetches.throttled]
-        rows[0] = [*head, *fetches.latency, *fetches.first_byte]
+        rows[0] = [*head, fetches.latency_ns, *fetches.latency, *fetches.first_byte]
     return rows
 
 
@@ -63,8 +64,15 @@ def fetches_of(rows: torch.Tensor) -> Fetches | None:
     first = rows[0].tolist() if len(rows) else []
     if not first or not first[0]:
         return None
+    histograms = first[_FETCH_HEAD:]
     return Fetches(
-        first[0], first[1], first[2], first[3], first[4 : 4 + BUCKETS], first[4 + BUCKETS :]
+        requests=first[0],
+        bytes=first[1],
+        retries=first[2],
+        throttled=first[3],
+        latency_ns=first[4],
+        latency=histograms[:BUCKETS],
+        first_byte=histograms[BUCKETS:],
     )
 
 

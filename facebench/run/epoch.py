@@ -17,6 +17,7 @@ import torch
 
 from facebench import stages
 from facebench.data.transforms import ARTICLE, Geometry
+from facebench.fetches import Fetches
 from facebench.host.progress import epoch_progress
 from facebench.host.resources import usable_cores
 from facebench.loaders.failures import WorkerDeaths, explain, quiet_sigchld, restore_sigchld
@@ -45,6 +46,9 @@ class EpochResult:
     emulated: dict[str, float] = field(default_factory=dict)  # au (facebench/run/accelerator.py)
     # What the loader's own library measured of the epoch (Ray Data's statistics: ray_*).
     library: dict[str, float] = field(default_factory=dict)
+    # A bucket's GETs as counted (their storage_* metrics are in stages): several ranks'
+    # histograms pool into the job's percentiles (host/distributed.whole_job).
+    fetches: Fetches | None = None
 
     def metrics(self) -> dict[str, float]:
         metrics = {
@@ -144,8 +148,7 @@ def _timed_epoch(
     meter, busy = EpochMeter(device, in_flight=settings.in_flight), DeviceBusy(device)
     monitor, emulated = UsageMonitor(device, settings.sample_hz), _emulated(settings)
     monitor.open_gpu()  # NVML start-up, outside the clock
-    bar = epoch_progress(settings.expected_images, settings.description)
-    seen = Seen()
+    bar, seen = epoch_progress(settings.expected_images, settings.description), Seen()
     totals = stages.begin_epoch(settings.stage_times)  # before any worker is forked
     batches = made = None
     try:
@@ -193,6 +196,7 @@ def _timed_epoch(
         stages=totals.metrics(times.samples_seen, times.epoch_time_s),
         emulated=emulated.metrics(meter.ended_at) if emulated is not None else {},
         library=library,
+        fetches=totals.fetches if totals.enabled and totals.fetches else None,
     )
 
 

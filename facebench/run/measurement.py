@@ -18,7 +18,7 @@ from facebench.loaders.shared import LoaderContext
 from facebench.loaders.spec import LoaderSpec
 from facebench.measure.exactly_once import check_exactly_once
 from facebench.measure.meter import MIN_STEADY_BATCHES, batches_for_steady
-from facebench.run.epoch import EpochSettings, run_epoch
+from facebench.run.epoch import EpochResult, EpochSettings, run_epoch
 from facebench.run.job import Job
 from facebench.run.training import Trainer
 from facebench.tracking.tracker import Tracker
@@ -82,7 +82,7 @@ def measure(
         result = run_epoch(lambda c=epoch_ctx: loader.build(c), trainer, settings)
         epoch_metrics = {**result.metrics(), **cache_metrics}
         if job.world.distributed:
-            epoch_metrics = _merge_ranks(job.world, epoch_metrics, result.ids)
+            epoch_metrics = _merge_ranks(job.world, epoch_metrics, result)
             if job.accelerator is not None and "au" in epoch_metrics:
                 epoch_metrics["au_pass"] = float(epoch_metrics["au"] >= job.accelerator.min_au)
         tracker.log_metrics(epoch_metrics, step=step)
@@ -94,14 +94,12 @@ def measure(
     return epochs
 
 
-def _merge_ranks(
-    world: World, metrics: dict[str, float], ids: np.ndarray | None
-) -> dict[str, float]:
-    """Whole-job metrics from every rank's, and samples_unique over the union of their ids."""
-    per_rank = gather(world, metrics)
-    merged = whole_job(per_rank)
+def _merge_ranks(world: World, metrics: dict[str, float], result: EpochResult) -> dict[str, float]:
+    """Whole-job metrics from every rank's (their GETs pooled), and samples_unique over the
+    union of their ids."""
+    merged = whole_job(gather(world, metrics), gather(world, result.fetches))
     merged["world_size"] = float(world.world_size)
-    all_ids = gather(world, ids)
+    all_ids = gather(world, result.ids)
     if all(part is not None for part in all_ids):
         merged["samples_unique"] = float(len(np.unique(np.concatenate(all_ids))))
     return merged

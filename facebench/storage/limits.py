@@ -4,8 +4,9 @@ CPU: then the costliest stage speaks, facebench/stages.py).
 
 From one run's metrics (storage_* from facebench/fetches.py, stage_* from facebench/stages.py,
 storage_relay_* from the relay) and the distance asked for. Little's law gives the requests in
-flight: requests a second x each one's time. A loader whose workers wait more than they compute
-is held by the storage; which limit, is the first of these it meets.
+flight (fetches.requests_in_flight: requests a second x each one's mean time). A loader whose
+workers wait more than they compute is held by the storage; which limit, is the first of these
+it meets.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from facebench.fetches import requests_in_flight
 from facebench.storage.distance import Distance
 
 BUSY = 0.75  # workers busy this share of their cores' time or more: bound by their CPU
@@ -104,12 +106,9 @@ def _waited_for(
             f"ms at {distance.bandwidth_mbps:,.0f} Mbit/s, beyond its {distance.latency_ms:g} ms "
             "latency; more requests in flight raise it",
         )
-    p50 = metrics.get("storage_get_p50_ms")
-    if p50 is None:
+    in_flight, mean_ms = requests_in_flight(metrics), metrics.get("storage_get_mean_ms")
+    if in_flight is None or mean_ms is None:
         return None
-    # Little's law over the epoch: requests a second x each one's time. Below one, the workers
-    # waited for a GET that share of the time.
-    in_flight = metrics.get("storage_requests_per_s", per_s) * p50 / 1000
     endpoint_ms = metrics.get("storage_relay_endpoint_ms")
     # Where a relay emulates the latency, how much of each request the endpoint itself took.
     own = (
@@ -118,8 +117,8 @@ def _waited_for(
     shown = f"{in_flight:,.0f}" if in_flight >= 10 else f"{in_flight:.1f}"
     requests_said = f"{shown} request{'' if shown == '1.0' else 's'}"
     return Limit(
-        f"latency ({requests_said} in flight of {p50:,.0f} ms)",
-        f"latency: about {requests_said} in flight of {p50:,.0f} ms each (p50{own}), "
+        f"latency ({requests_said} in flight of {mean_ms:,.0f} ms)",
+        f"latency: about {requests_said} in flight of {mean_ms:,.0f} ms each (the mean{own}), "
         f"{per_s:,.0f} requests/s of {count(per_request)} images; more in flight (n_workers, "
         "and storage.requests_per_worker for loaders that read each image) or more images a "
         "request (shards) raise it",
