@@ -6,7 +6,7 @@
     python -m facebench.advise loaders=[dataset,raw] workers=[1,2]
     python -m facebench.advise --cfg job                        # every key, as train.py's
 
-A Hydra app (conf/advise.yaml, AdviseConfig in facebench/config.py): train.py's keys (data,
+A Hydra app (conf/advise.yaml, AdviseConfig in facebench/config/schema.py): train.py's keys (data,
 model, device, batch_size, ...) and its own: budget_s (300), sample_images (20,000: larger sets
 are measured on a subset, linked into the cache), loaders (all that are installed), workers (1,
 2, 4, ... up to the cores). The results go to the run's folder (outputs/advise/<time>;

@@ -1,95 +1,30 @@
-"""Typed schemas behind every Hydra config group.
+"""Typed schemas behind every Hydra config group: every key and its default, once.
 
 Each YAML option under conf/ names its schema in its own defaults list, so a typo, a wrong type
 or a value outside a key's choices (`n_workers=abc`, `amp=fp8`, `cache=hot`) fails when the config
-is composed, before any work. Every key with fixed choices has them here, once, as an Enum. Values
-that a type cannot express (`batch_size=0`) are checked by `validate` (facebench/config_checks.py).
+is composed, before any work. The choices are Enums (config/choices.py). Values that a type
+cannot express (`batch_size=0`) are checked by `validate` (config/checks.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from facebench.config_checks import validate
-from facebench.errors import ConfigError
-
-log = logging.getLogger(__name__)
-
-
-class Model(StrEnum):
-    resnet50 = "resnet50"  # the article's
-    resnet18 = "resnet18"
-    none = "none"  # no model: the loader alone (with host_only, its host side alone)
-
-
-class Amp(StrEnum):
-    # fp16 + GradScaler on CUDA (the article's); bf16 on a CPU that has it natively, else fp32
-    auto = "auto"
-    fp16 = "fp16"
-    bf16 = "bf16"
-    off = "off"  # fp32
-
-
-class Crop(StrEnum):
-    random = "random"  # the article's RandomCrop(100)
-    center = "center"  # deterministic: every loader delivers the same pixels (tests)
-
-
-class CacheMode(StrEnum):
-    warm = "warm"  # the epoch's files read into the page cache first
-    cold = "cold"  # evicted first
-    keep = "keep"  # as found
-
-
-# raise: stop, naming the file; skip: leave it out of every loader alike, and count it. (Built
-# by call: `raise` cannot be a member's name in a class body, and OmegaConf matches names.)
-OnBadSample = StrEnum("OnBadSample", {"raise": "raise", "skip": "skip"})
-
-
-class Decoder(StrEnum):
-    torchvision = "torchvision"  # torchvision.io and batched tensor transforms
-    pil = "pil"  # the article's PIL transform, per sample
-    fast = "fast"  # libspng and libjpeg-turbo called directly, PIL's pixels; uint8 as torchvision
-
-
-class Sync(StrEnum):
-    """When an emulated accelerator's step is waited for (facebench/run/accelerator.py)."""
-
-    every_step = "every_step"  # the loop waits for each step (the article's reads the loss)
-    none = "none"  # the loop goes on while the step computes, a launch queue ahead
-
-
-class Workers(StrEnum):
-    """Where a loader's work runs (its traits), and loader.method's choice for those that
-    offer one (nodes: process or thread)."""
-
-    process = "process"  # worker processes (batches cross between processes)
-    thread = "thread"  # threads of the loop's own process
-    none = "none"  # everything in the loop itself
-
-
-class DataLayout(StrEnum):
-    faces = "faces"  # CelebA/ + DigiFace1M/ in their published layouts
-    folder = "folder"  # one folder per class (ImageFolder's layout), or a labels CSV
-
-
-E = TypeVar("E", bound=StrEnum)
-
-
-def choice(kind: type[E], value: str, key: str) -> E:
-    """`value` as one of `kind`'s choices, for callers that bypass Hydra's composition."""
-    try:
-        return kind(value)
-    except ValueError:
-        allowed = ", ".join(member.value for member in kind)
-        raise ConfigError(f"{key}={value}: use one of {allowed}") from None
+from facebench.config.checks import validate
+from facebench.config.choices import (
+    Amp,
+    CacheMode,
+    Crop,
+    DataLayout,
+    Model,
+    OnBadSample,
+    Sync,
+)
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The checks of a composed config that a type cannot make: one clear line per mistake, naming
-the key (facebench/config.py holds the schemas; Hydra checks types and choices as it composes)."""
+the key (config/schema.py holds the schemas; Hydra checks types and choices as it composes)."""
 
 from __future__ import annotations
 

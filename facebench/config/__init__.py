@@ -1,0 +1,56 @@
+"""The config layer: the typed schema of every Hydra config group (schema.py), the keys' fixed
+choices (choices.py), and the checks a type cannot make (checks.py). Every other layer reads its
+settings from here, by these names.
+
+May import: errors (and nothing else of facebench's: every layer stands on this one).
+"""
+
+from facebench.config.choices import (
+    Amp,
+    CacheMode,
+    Crop,
+    DataLayout,
+    Decoder,
+    Model,
+    OnBadSample,
+    Sync,
+    Workers,
+    choice,
+)
+from facebench.config.schema import (
+    AcceleratorConfig,
+    AdviseConfig,
+    CommonConfig,
+    DataConfig,
+    LoaderConfig,
+    PrepareConfig,
+    StorageConfig,
+    TrainConfig,
+    TransformConfig,
+    register_configs,
+    typed,
+)
+
+__all__ = [
+    "AcceleratorConfig",
+    "AdviseConfig",
+    "Amp",
+    "CacheMode",
+    "CommonConfig",
+    "Crop",
+    "DataConfig",
+    "DataLayout",
+    "Decoder",
+    "LoaderConfig",
+    "Model",
+    "OnBadSample",
+    "PrepareConfig",
+    "StorageConfig",
+    "Sync",
+    "TrainConfig",
+    "TransformConfig",
+    "Workers",
+    "choice",
+    "register_configs",
+    "typed",
+]
