@@ -269,6 +269,22 @@ def test_workers_the_container_cannot_hold_are_refused_naming_its_limit(monkeypa
     resources.check_workers("pickle", 7, 271 * 2**20)  # fits: no error
 
 
+def test_a_rank_takes_a_core_for_each_worker_and_its_loops_share():
+    assert resources.cores_per_rank(4) == 5  # a training loop's whole core
+    assert resources.cores_per_rank(4, loop=0.0) == pytest.approx(4 + resources.LOOP_MIN)
+    assert resources.ranks_that_fit(16, 3) == 4
+    assert resources.ranks_that_fit(16, 3, loop=0.5) == 4  # 16 // 3.5
+    assert resources.ranks_that_fit(16, 2, loop=0.5) == 6  # 16 // 2.5
+    assert resources.ranks_that_fit(2, 5) == 1  # at least the one asked to run
+    assert resources.worker_cores(8, 2) == 6 and resources.worker_cores(8, 2, loop=0.25) == 7.5
+    assert resources.worker_cores(1, 4) == 0
+    # What fits by one count fits by the other: ranks_that_fit ranks leave each its workers.
+    for cores in range(1, 33):
+        for workers in range(1, 9):
+            fit = resources.ranks_that_fit(cores, workers)
+            assert fit == 1 or resources.worker_cores(cores, fit) >= fit * workers
+
+
 def test_ranks_crowding_the_cores_are_told_that_fewer_ranks_is_the_fix(monkeypatch, caplog):
     # accelerators_per_host=4 n_workers=1 on 2 cores: no n_workers helps (each rank has its
     # own); one rank's loop and worker fit two cores.

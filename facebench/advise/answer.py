@@ -5,25 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from facebench import stages
+from facebench.advise.from_bucket import in_flight
 from facebench.advise.measure import HEADROOM, SHM_NOTE, Measured, shortfall
-from facebench.fetches import requests_in_flight
 from facebench.host.printable import printable
-from facebench.host.resources import usable_cores
+from facebench.host.resources import LOOP_MIN, cores_per_rank, ranks_that_fit, usable_cores
 from facebench.report.tables import markdown
 from facebench.shards import room
 from facebench.storage.distance import Distance
-from facebench.storage.limits import (
-    Limit,
-    count,
-    holding_back,
-    hosts_allowed,
-    images_per_request,
-)
+from facebench.storage.limits import Limit, holding_back, hosts_allowed
 
 LOADER_MIN_S = 10.0  # what one loader needs at least: shards for a sample, a few short runs
-# Fewer GETs than this in a measurement (a few large shards): no rate or requests in flight is
-# read from them.
-FEW_REQUESTS = 100
 
 
 @dataclass
@@ -157,17 +148,13 @@ class Advice:
         one."""
         if best < self.ceiling:
             return None
-        by_rate = int(best // self.ceiling)
-        # A core for each of a rank's workers, and its loop's share while it waits for the
-        # accelerator (accelerator.host_cpu; at least a sliver: the loop hands batches over).
-        loop = max(0.1, self.accelerator_host_cpu)
-        per_rank = workers + loop
-        by_cores = max(1, int(cores // per_rank))
+        loop = max(LOOP_MIN, self.accelerator_host_cpu)  # each rank's, as it waits
         plural = "s" if workers > 1 else ""
         limits = [
-            (by_rate, 2, f"its rate, {best / self.ceiling:.2f}x one's pace"),
-            (by_cores, 1, f"{cores} cores, and each rank needs {per_rank:g} (its loop's "
-                          f"{loop:g} and {workers} worker{plural})"),
+            (int(best // self.ceiling), 2, f"its rate, {best / self.ceiling:.2f}x one's pace"),
+            (ranks_that_fit(cores, workers, loop), 1, f"{cores} cores, and each rank needs "
+             f"{cores_per_rank(workers, loop):g} (its loop's {loop:g} and {workers} "
+             f"worker{plural})"),
         ]  # fmt: skip
         shared = (
             hosts_allowed(measured.stages.get(workers, {}), self.distance, self.ceiling)
@@ -209,7 +196,9 @@ class Advice:
             f"({rate:,.0f} images/s against {self.ceiling:,.0f}: {headroom}), one epoch of "
             f"{self.n_images:,} images in about {epoch:,.0f} s."
         )
-        text += self._in_flight(chosen, workers)
+        if self.storage:
+            metrics = chosen.stages.get(workers, {})
+            text += in_flight(metrics, rate, self.requests_per_worker, self.storage_limit(chosen))
         if self.per_host:
             count, limit = self.per_host_estimate(workers, rate, usable_cores(), chosen) or (0, "")
             text += (
@@ -219,30 +208,6 @@ class Advice:
                 "measures them."
             )
         return text + self._what_else(chosen, fed)
-
-    def _in_flight(self, chosen: Measured, workers: int) -> str:
-        """From a bucket: the requests the choice keeps in flight (Little's law,
-        fetches.requests_in_flight), and what holds it back beyond its pace."""
-        metrics = chosen.stages.get(workers, {})
-        per_request = images_per_request(metrics)
-        in_flight, mean_ms = requests_in_flight(metrics), metrics.get("storage_get_mean_ms")
-        if not self.storage or not per_request or in_flight is None or mean_ms is None:
-            return ""
-        requests = metrics["storage_requests"]
-        if requests < FEW_REQUESTS:  # too few for a rate: what they were
-            size = metrics.get("storage_bytes", 0.0) / requests / 1e6
-            return (
-                f" From the bucket it made {requests:,.0f} requests of {size:,.1f} MB "
-                f"({count(per_request)} images each, {mean_ms:,.0f} ms on average)."
-            )
-        per_s = chosen.rates[workers] / per_request
-        text = (
-            f" From the bucket it keeps about {in_flight:,.0f} requests in flight "
-            f"({per_s:,.0f} requests/s of {count(per_request)} images, {mean_ms:,.0f} ms each on "
-            f"average; storage.requests_per_worker={self.requests_per_worker})"
-        )
-        limit = self.storage_limit(chosen)
-        return text + (f"; beyond its pace it is held back by {limit.short}." if limit else ".")
 
     def choice(self, fed: list[Measured]) -> tuple[Measured, int]:
         """Among the loaders that keep the device fed with HEADROOM to spare, the one that needs

@@ -97,13 +97,34 @@ def _cpu() -> tuple[int, float, str]:
     return quota.cores, quota.cpus, f"cgroup CPU quota {quota.cpus:g} CPU{plural} at {quota.path}"
 
 
+# The least share of a core a rank's loop takes even where it never waits (it hands batches over).
+LOOP_MIN = 0.1
+
+
+def cores_per_rank(n_workers: int, loop: float = 1.0) -> float:
+    """The cores one rank of a job takes on its host: one for each of its loader's workers, and
+    its loop's share (a training loop's whole core; an emulated accelerator's
+    accelerator.host_cpu, at least LOOP_MIN)."""
+    return n_workers + max(LOOP_MIN, loop)
+
+
+def ranks_that_fit(cores: float, n_workers: int, loop: float = 1.0) -> int:
+    """How many such ranks `cores` cores hold, each with its workers and loop (at least one)."""
+    return max(1, int(cores // cores_per_rank(n_workers, loop)))
+
+
+def worker_cores(cores: float, ranks: int, loop: float = 1.0) -> float:
+    """The cores left to the workers of `ranks` ranks once each rank's loop has its share."""
+    return max(0.0, cores - ranks * max(LOOP_MIN, loop))
+
+
 def _crowded(n_workers: int, ranks: int, cores: int, ranks_setting: str) -> str:
     """The warning for ranks x n_workers worker processes (and each rank's own loop) on too few
     cores, with the fix and its numbers. Each rank has its own n_workers, so where the ranks
     alone nearly fill the cores no n_workers helps: fewer ranks is the fix then."""
-    # A core for each rank's loop and for each of its workers, as advise counts a host's ranks.
-    ranks_fit = max(1, cores // (n_workers + 1))
-    workers_fit = cores // ranks - 1  # named only from 1: n_workers=0 loads in each rank's loop
+    ranks_fit = ranks_that_fit(cores, n_workers)
+    # Named only from 1: n_workers=0 loads in each rank's loop.
+    workers_fit = int(worker_cores(cores, ranks) // ranks)
     fewer_workers = f"n_workers={workers_fit}" if 1 <= workers_fit < n_workers else ""
     if ranks_setting:
         asked, fewer_ranks = f"{ranks_setting}={ranks}", f"{ranks_setting}={ranks_fit}"

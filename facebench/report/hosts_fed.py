@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from facebench.host.resources import cores_per_rank
+
 
 @dataclass(frozen=True)
 class Tried:
@@ -99,8 +101,7 @@ def _crowded(tried: Tried, workers: str) -> str:
     no rank had a core for its loop and each worker, however little its stages cost."""
     if not tried.cores or not workers.isdigit():
         return ""
-    processes = tried.accelerators * (int(workers) + 1)
-    if processes <= tried.cores:
+    if tried.accelerators * cores_per_rank(int(workers)) <= tried.cores:
         return ""
     return (
         f"{tried.cores} cores for {tried.accelerators} ranks' loops and "

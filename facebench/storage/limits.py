@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from facebench.fetches import requests_in_flight
+from facebench.host.resources import worker_cores
 from facebench.storage.distance import Distance
 
 BUSY = 0.75  # workers busy this share of their cores' time or more: bound by their CPU
@@ -56,7 +57,7 @@ def holding_back(
     # The cores the workers could have: an emulated accelerator's spinning wait keeps some (up
     # to a whole core, accelerator.host_cpu).
     spun = metrics.get("accelerator_host_cpu_s", 0.0) / max(1e-9, metrics.get("epoch_time_s", 0.0))
-    free = max(0.5, cores - min(ranks * spun, cores))
+    free = max(0.5, worker_cores(cores, ranks, spun))
     if images_per_s * cpu_us / 1e6 >= BUSY * min(max(1, workers), free):
         return None
     return _waited_for(metrics, per_s, per_request, distance)
