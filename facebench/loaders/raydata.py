@@ -52,12 +52,12 @@ import numpy as np
 from facebench import stages
 from facebench.config import Decoder, LoaderConfig, Workers
 from facebench.data.records import Record
-from facebench.errors import FacebenchError, LoaderFailure
 from facebench.fetches import Fetches
 from facebench.host.extras import Requirement
 from facebench.host.resources import batch_bytes
 from facebench.loaders.decoding import DecodeStage
-from facebench.loaders.ray_cluster import first_line, ray_cluster
+from facebench.loaders.ray_cluster import ray_cluster
+from facebench.loaders.ray_errors import BatchFailed, ray_errors
 from facebench.loaders.ray_measure import (
     fetch_rows,
     fetches_of,
@@ -96,11 +96,6 @@ class Options(LoaderConfig):
     # Runs again of a batch whose Ray worker died (Ray Data's own default: without end). 0: the
     # epoch ends, in one line, rather than hiding the lost time in its rate.
     max_retries: int = 0
-
-
-class BatchFailed(Exception):
-    """A batch's error, carried out of a Ray task whole: its first argument is the error (Ray
-    appends its own words to a string argument)."""
 
 
 class LoadBatch:
@@ -229,39 +224,6 @@ class RayBatches:
             log.warning("raydata: Ray's statistics of this epoch are not available (%s)", error)
             return {}
         return ray_metrics(summary)
-
-
-@contextmanager
-def ray_errors() -> Iterator[None]:
-    """Ray's errors in the epoch, as the one line facebench reports: a batch's own error (a
-    file that does not decode) as it was raised in the task; a dead worker or node as a
-    LoaderFailure that says what to do."""
-    from ray.exceptions import NodeDiedError, RayError, RayTaskError, WorkerCrashedError
-
-    try:
-        yield
-    except RayTaskError as error:
-        cause = getattr(error, "cause", None)
-        if isinstance(cause, BatchFailed) and cause.args:
-            raise cause.args[0] from None
-        if isinstance(cause, (WorkerCrashedError, NodeDiedError)):
-            raise _died(cause) from None
-        raise LoaderFailure(f"loader=raydata: a Ray task failed ({first_line(error)})") from None
-    except (WorkerCrashedError, NodeDiedError) as error:
-        raise _died(error) from None
-    except RayError as error:
-        raise LoaderFailure(f"loader=raydata: Ray failed mid-epoch ({first_line(error)})") from None
-
-
-def _died(error: Exception) -> FacebenchError:
-    who = "a Ray node" if "Node" in type(error).__name__ else "a Ray worker process"
-    return LoaderFailure(
-        f"loader=raydata: {who} died while decoding a batch (Ray: {first_line(error)}); it may "
-        "have been killed (the out-of-memory killer: see `dmesg` on its machine) or crashed "
-        "(its log: python-core-worker-*.log in /tmp/ray/session_latest/logs); use fewer "
-        "n_workers or a smaller batch_size, or let Ray run a lost batch again: "
-        "loader.max_retries=3"
-    )
 
 
 def object_store_bytes(ctx: LoaderContext) -> int:
