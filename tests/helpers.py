@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 from collections.abc import Iterable
@@ -129,11 +128,3 @@ print("locked", flush=True)
 sys.stdin.read()
 os.ftruncate(fd, 0)  # a build that finished says so
 """
-
-
-def free_port() -> int:
-    """A port on this machine that nothing listens on (a server to start, or an address that
-    must not answer)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ import psutil
 import pytest
 
 from facebench.errors import ConfigError
-from facebench.host import cgroups, resources
+from facebench.host import cgroups, ports, resources
 from facebench.host.paths import PROJECT_ROOT
 from facebench.host.resources import Allowance
 from facebench.loaders import failures
@@ -629,3 +630,13 @@ def test_the_report_names_the_machines_and_their_container_limits():
         "CPUs at /c; a cgroup memory limit 8.0 GiB at /m).\n\n"
     )
     assert render_machines([]) == ""
+
+
+def test_a_free_port_is_free_until_something_listens_on_it():
+    port = ports.free_port()
+    assert 1024 <= port <= 65535 and not ports.port_in_use(port)
+    with socket.socket() as listening:
+        listening.bind((ports.LOOPBACK, port))
+        listening.listen()
+        assert ports.port_in_use(port)
+        assert ports.free_port() != port

@@ -23,11 +23,12 @@ from facebench import loaders
 from facebench.data.sources import read_records
 from facebench.errors import FacebenchError, ShardError
 from facebench.host.paths import PROJECT_ROOT
+from facebench.host.ports import free_port
 from facebench.loaders.shardsets import trusted_manifest
 from facebench.shards import room
 from facebench.shards.build import ensure_shards
 from facebench.shards.manifest import Manifest
-from tests.helpers import HOLD_LOCK, context, delivered, free_port, prepared, workers_up
+from tests.helpers import HOLD_LOCK, context, delivered, prepared, workers_up
 
 pytestmark = pytest.mark.slow
 

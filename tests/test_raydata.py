@@ -19,11 +19,11 @@ import pytest
 
 from facebench.errors import LoaderFailure
 from facebench.host.paths import PROJECT_ROOT
+from facebench.host.ports import free_port
 from facebench.loaders import ray_cluster, ray_one_machine
 from facebench.loaders.ray_measure import stage_rows, stage_times
 from facebench.loaders.ray_one_machine import ray_processes
 from facebench.stages import StageTimes
-from tests.helpers import free_port
 
 pytest.importorskip("ray.data")
 # Each test counts the Ray processes it leaves: no other test may start Ray meanwhile.

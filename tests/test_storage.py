@@ -34,6 +34,7 @@ from facebench.fetches import (
 )
 from facebench.host.distributed import whole_job
 from facebench.host.paths import PROJECT_ROOT, cache_dir
+from facebench.host.ports import free_port
 from facebench.run.runner import run_training
 from facebench.shards.manifest import Manifest
 from facebench.storage import client, objects, server
@@ -464,7 +465,7 @@ def test_refusals_before_any_run(
 def test_an_endpoint_that_does_not_answer_costs_a_bounded_wait(
     s3: server.Running, uploaded: str, make_cfg, tmp_path: Path
 ) -> None:
-    dead = f"http://127.0.0.1:{server.free_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     cfg = make_cfg(*plain(s3, uploaded), f"storage.endpoint={dead}")
     started = time.monotonic()
     with pytest.raises(

@@ -20,12 +20,13 @@ from mlflow import MlflowClient
 
 from facebench.errors import TrackingLost
 from facebench.host.paths import PROJECT_ROOT
+from facebench.host.ports import free_port
 from facebench.results import TRACKING_LOST, JobResults
 from facebench.run.runner import run_training
 from facebench.tracking import run_owner
 from facebench.tracking.tracker import failure_reason, rounded
 from facebench.upload import UPLOADED_TAG, upload_all
-from tests.helpers import free_port, workers_up
+from tests.helpers import workers_up
 
 
 def job_metrics(run) -> dict[str, float]:

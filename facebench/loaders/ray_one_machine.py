@@ -15,7 +15,6 @@ import contextlib
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from typing import Any
 import psutil
 
 from facebench.errors import LoaderFailure
+from facebench.host.ports import free_port
 from facebench.loaders.ray_cluster import first_line
 from facebench.loaders.ray_reaper import is_ray_process
 
@@ -60,7 +60,7 @@ def one_machine_cluster(
         "RAY_USAGE_STATS_ENABLED": "0",
     }
     temp_dir = f"/tmp/facebench-ray-{secrets.token_hex(4)}"  # short: Ray's socket paths
-    port = _free_port()
+    port = free_port()
     ray = os.path.join(os.path.dirname(sys.executable), "ray")
     lend = [f"--num-cpus={cpus_per_node}", "--disable-usage-stats"]
     here = NodesHere(f"127.0.0.1:{port}", env, temp_dir, port)
@@ -123,9 +123,3 @@ def stop_cluster(temp_dir: str, port: int) -> list[int]:
                 getattr(process, stop)()
         _, alive = psutil.wait_procs(alive, timeout=wait_s)
     return sorted(process.pid for process in alive)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]

@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import sys
 import time
 import urllib.request
@@ -36,6 +35,7 @@ from pathlib import Path
 
 from facebench.errors import StorageError
 from facebench.host.paths import cache_dir
+from facebench.host.ports import free_port, port_in_use
 from facebench.storage.daemons import alive, end, spawn
 from facebench.storage.swift_config import (
     ACCESS_KEY,
@@ -88,17 +88,6 @@ def server_root(configured: str = "") -> Path:
     return Path(configured).expanduser().resolve() if configured else cache_dir() / "s3server"
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _port_in_use(port: int) -> bool:
-    with socket.socket() as probe:
-        return probe.connect_ex(("127.0.0.1", port)) == 0
-
-
 def running(root: Path) -> Running | None:
     """The server whose files are under root, if it is up (every daemon alive)."""
     state = root / STATE
@@ -120,7 +109,7 @@ def _wait_ready(server: Running, logs: Path) -> None:
                 f"{logs / (dead[0] + '.log')}"
             )
         with contextlib.suppress(OSError):
-            if all(_port_in_use(port) for port in ports):
+            if all(port_in_use(port) for port in ports):
                 with urllib.request.urlopen(url, timeout=2) as answer:
                     if answer.status == 200:
                         return
@@ -147,7 +136,7 @@ def start(root: Path, port: int = DEFAULT_PORT, detached: bool = True) -> Runnin
         raise StorageError(
             "the local object server needs OpenStack Swift: pip install -e '.[s3server]'"
         )
-    if port and _port_in_use(port):
+    if port and port_in_use(port):
         raise StorageError(
             f"127.0.0.1:{port} is in use by another program: start the server on another port "
             "(--port)"
