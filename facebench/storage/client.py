@@ -22,7 +22,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -105,14 +105,20 @@ def configured() -> Endpoint:
 
 def make(kind: str) -> Any:
     """This process's client of a kind: `crt` (each image's GET) or `boto` (objects.py)."""
+    return _per_process(kind, lambda: (_crt if kind == "crt" else _boto)(configured()))
+
+
+def _per_process(kind: str, build: Callable[[], Any]) -> Any:
+    """One `kind` of thing for this process, built on first use: a forked worker builds its
+    own (a client's connections and a pool's threads do not survive a fork)."""
     key = (os.getpid(), kind)
-    client = _clients.get(key)
-    if client is None:
+    made = _clients.get(key)
+    if made is None:
         with _lock:
-            client = _clients.get(key)
-            if client is None:
-                client = _clients[key] = (_crt if kind == "crt" else _boto)(configured())
-    return client
+            made = _clients.get(key)
+            if made is None:
+                made = _clients[key] = build()
+    return made
 
 
 def _crt(endpoint: Endpoint) -> Any:
@@ -263,11 +269,6 @@ def get_many(urls: Sequence[str]) -> list[Reply]:
 
 
 def _pool(size: int) -> ThreadPoolExecutor:
-    key = (os.getpid(), "pool")
-    pool = _clients.get(key)
-    if pool is None:
-        with _lock:
-            pool = _clients.get(key)
-            if pool is None:
-                pool = _clients[key] = ThreadPoolExecutor(size, thread_name_prefix="facebench-get")
-    return pool
+    return _per_process(
+        "pool", lambda: ThreadPoolExecutor(size, thread_name_prefix="facebench-get")
+    )
