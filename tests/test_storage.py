@@ -21,6 +21,7 @@ import torch
 from PIL import Image
 
 from facebench import loaders, stages
+from facebench.config import StorageConfig
 from facebench.data.listing import list_bucket_usable, list_usable
 from facebench.data.location import data_layout
 from facebench.errors import ConfigError, DataError, ShardError, StorageError
@@ -38,7 +39,7 @@ from facebench.host.ports import free_port
 from facebench.run.runner import run_training
 from facebench.shards.manifest import Manifest
 from facebench.storage import client, objects, server
-from facebench.storage.address import Address, parse
+from facebench.storage.address import Address, parse, path_style
 from facebench.storage.daemons import alive
 from facebench.storage.sync import MANIFEST, upload_tree
 from tests.helpers import (
@@ -114,6 +115,27 @@ def test_addresses() -> None:
     assert str(address.child("CelebA", "x.jpg")) == "s3://bucket/some/prefix/CelebA/x.jpg"
     assert parse("s3://bucket").prefix == ""
     assert str(parse("s3://bucket").child("a")) == "s3://bucket/a"
+
+
+def test_buckets_are_addressed_as_boto3_would_unless_asked() -> None:
+    # An IP address or localhost has no DNS name to put the bucket in: path style.
+    for endpoint in ("http://127.0.0.1:8090", "http://[::1]:9000", "http://localhost:9000"):
+        assert path_style(endpoint, "set"), endpoint
+    # AWS's own endpoint, and other host names: virtual host, where the name can lead a host.
+    assert not path_style("", "set")
+    assert not path_style("https://s3.eu-west-1.amazonaws.com", "my-bucket")
+    assert not path_style("http://minio.internal:9000", "set")
+    assert not path_style("http://minio.internal:9000", "my.dotted.set")  # plain http: fine
+    assert path_style("https://s3.eu-west-1.amazonaws.com", "my.dotted.set")  # one cert label
+    assert path_style("", "Upper_Case") and path_style("", "ab")  # no host name holds them
+    # storage.path_style forces either; through the relay (an IP address) always path style.
+    assert not path_style("http://127.0.0.1:8090", "set", asked=False)
+    assert path_style("", "set", asked=True)
+    assert path_style("", "set", asked=False, via="http://127.0.0.1:5000")
+    storage = dataclasses.replace(
+        StorageConfig(), url="s3://set/data", endpoint="http://10.0.0.5:80"
+    )
+    assert client.Endpoint.of(storage).path_style
 
 
 def test_latency_percentiles_within_a_bucket() -> None:
@@ -564,6 +586,39 @@ def test_ranks_storage_metrics_merge_as_one_pool_of_requests() -> None:
     # No rank fetched anything: no storage figures, rather than rank 0's.
     local = [{**rank, "storage_requests": 5.0} for rank in ranks]
     assert not FETCH_METRICS & whole_job(local, [None, None]).keys()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n_workers", [0, 2])
+def test_a_chunk_litdata_cannot_fetch_ends_the_run_in_one_line(
+    n_workers: int, s3: server.Running, uploaded: str, cache: Path, tmp_path: Path, prepare_here
+) -> None:
+    prepare_here(*plain(s3, uploaded), "format=litdata", "batch_size=10")
+    # Addressed as bucket.host (forced: by IP address it would be by path), the server reads a
+    # key's first folder as its bucket: every chunk's GET is answered NoSuchBucket (404).
+    overrides = [
+        *plain(s3, uploaded), "storage.path_style=false", f"data.cache_dir={cache}",
+        "data.n_images=120", "loader=litdata", f"n_workers={n_workers}", "batch_size=10",
+        "model=none", "host_only=true", "tracking=false", f"hydra.run.dir={tmp_path}",
+    ]  # fmt: skip
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "train.py", *overrides],
+        cwd=PROJECT_ROOT,
+        env={**os.environ, **s3.environment()},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    said = done.stdout + done.stderr
+    assert done.returncode == 1, said[-3000:]
+    assert time.monotonic() - started < 60  # not LitData's 120 s wait for a chunk
+    assert "Traceback" not in said and "RetryError" not in said, said[-3000:]
+    errors = [line for line in said.splitlines() if "[ERROR]" in line]
+    assert len(errors) == 1, errors
+    assert "facebench-shards/litdata/chunk-" in errors[0]
+    assert "no such bucket" in errors[0] or "answered 404" in errors[0]
+    assert "storage.path_style=true" in errors[0]
 
 
 @pytest.mark.slow

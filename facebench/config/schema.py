@@ -125,9 +125,11 @@ class StorageConfig:
     # The S3 endpoint, http(s)://host:port; empty: AWS's own for the region.
     endpoint: str = ""
     region: str = "us-east-1"
-    # Address buckets as endpoint/bucket/key (most servers other than AWS need it) rather than
-    # bucket.endpoint/key.
-    path_style: bool = False
+    # true: address buckets as endpoint/bucket/key; false: as bucket.endpoint/key (virtual
+    # host); null: as boto3 would, path style for an IP address or localhost endpoint (and a
+    # bucket name no host name can hold), virtual host for AWS and other host names. Every
+    # client (boto3, the CRT client, LitData's, s3connector) is given the same answer.
+    path_style: bool | None = None
     # A profile of ~/.aws/credentials and ~/.aws/config; empty: AWS_PROFILE, or the default.
     profile: str = ""
     # GETs each loader worker (or the loop, with n_workers=0) keeps in flight, from a pool of

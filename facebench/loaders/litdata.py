@@ -25,8 +25,6 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import threading
-import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,84 +35,21 @@ import torch
 
 from facebench import stages
 from facebench.config import LoaderConfig, Workers
-from facebench.errors import ConfigError, ShardError
+from facebench.errors import ShardError
 from facebench.host.extras import Requirement
 from facebench.loaders import shared
+from facebench.loaders.litdata_bucket import (
+    allow_plain_http,
+    counting_downloader,
+    fetch_failure,
+    take_downloads,
+)
 from facebench.loaders.plan import EpochPlan
 from facebench.loaders.shardsets import open_shard_set
 from facebench.loaders.shared import Batch, LoaderContext, stack, stamped, uint8_batch
 from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits
 from facebench.shards import litdata_format
 from facebench.storage import client
-
-# Chunks downloaded by LitData's threads in this process, not yet counted with a batch: (bytes,
-# ns). The stage times are per thread, so the thread that reads the next item takes them.
-_downloads: list[tuple[int, int]] = []
-_downloads_lock = threading.Lock()
-
-
-def _take_downloads() -> None:
-    with _downloads_lock:
-        taken = _downloads[:]
-        _downloads.clear()
-    for size, latency in taken:
-        stages.fetched(size, latency, latency, 0, 0)
-
-
-@functools.cache
-def _counting_downloader() -> type:
-    """LitData's S3 downloader, each chunk it downloads counted (registered for s3:// on first
-    use, in the process that forks the workers)."""
-    from litdata.streaming.downloader import S3Downloader, register_downloader
-
-    class CountingS3Downloader(S3Downloader):
-        """Counts each chunk where LitData publishes a download: once per object this process
-        fetched, whichever of its sync or asyncio paths fetched it (two workers that both need
-        a chunk neither has may each fetch it: both count), timed from when it was asked for."""
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._asked: dict[str, int] = {}
-
-        def download_file(self, remote_filepath: str, local_filepath: str) -> None:
-            self._asked.setdefault(local_filepath, time.perf_counter_ns())
-            super().download_file(remote_filepath, local_filepath)
-
-        async def adownload_file(self, remote_filepath: str, local_filepath: str) -> None:
-            self._asked.setdefault(local_filepath, time.perf_counter_ns())
-            await super().adownload_file(remote_filepath, local_filepath)
-
-        def _publish_file(self, tmp_path: str, local_filepath: str) -> None:
-            size = os.path.getsize(tmp_path)
-            asked = self._asked.pop(local_filepath, None)
-            super()._publish_file(tmp_path, local_filepath)
-            # Not the index, which the main process fetches once before the epoch (its forked
-            # workers would each count it again).
-            if asked is not None and not local_filepath.endswith(litdata_format.INDEX):
-                with _downloads_lock:
-                    _downloads.append((size, time.perf_counter_ns() - asked))
-
-    register_downloader("s3://", CountingS3Downloader, overwrite=True)
-    return CountingS3Downloader
-
-
-def _allow_plain_http(endpoint: client.Endpoint) -> None:
-    """Let LitData's obstore path reach an http:// endpoint (a local server, MinIO): LitData
-    builds its obstore S3Store with fixed client options that lack allow_http, so every chunk
-    GET there fails with "builder error" (its boto3 path, used for index.json, works). The
-    option is added to those (litdata==0.2.76, as pinned) only for such an endpoint."""
-    if not endpoint.address.startswith("http://"):
-        return
-    from litdata.streaming import downloader
-
-    options = getattr(downloader, "_OBSTORE_CLIENT_OPTIONS", None)
-    if not isinstance(options, dict):
-        raise ConfigError(
-            f"this litdata ({downloader.__name__}) keeps its obstore options elsewhere; "
-            f"storage.endpoint={endpoint.address} needs them to allow http. Install the pinned "
-            'version: pip install -e ".[litdata]", or use an https endpoint'
-        )
-    downloader._OBSTORE_CLIENT_OPTIONS = {**options, "allow_http": "true"}
 
 
 class Collate:
@@ -149,9 +84,15 @@ def timed_dataset() -> type:
     class TimedStreamingDataset(StreamingDataset):
         def __next__(self) -> dict:
             start = stages.now()
-            item = super().__next__()
+            try:
+                item = super().__next__()
+            except Exception as error:  # the reader wraps a failed download in its own words
+                failed = fetch_failure(error)
+                if failed is None:
+                    raise
+                raise failed from None
             stages.lap(stages.READ, start)
-            _take_downloads()
+            take_downloads()
             return item
 
     return TimedStreamingDataset
@@ -185,9 +126,9 @@ def _remote(ctx: LoaderContext) -> dict[str, Any]:
     """StreamingDataset's options for a set in a bucket: the job's endpoint, LitData's client."""
     if not isinstance(ctx.shards_dir, str):
         return {"cache_dir": str(ctx.cache / "litdata-cache")}
-    _counting_downloader()
+    counting_downloader()
     endpoint = client.configured()
-    _allow_plain_http(endpoint)
+    allow_plain_http(endpoint)
     return {
         "cache_dir": str(_bucket_cache(ctx)),
         "storage_options": client.boto_options(endpoint),

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,7 +30,7 @@ from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from facebench.errors import ObjectMissing, StorageError
-from facebench.storage.address import parse
+from facebench.storage.address import parse, path_style
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ class Endpoint:
 
     endpoint: str = ""  # empty: AWS's own
     region: str = "us-east-1"
-    path_style: bool = False
+    path_style: bool = False  # resolved: True for endpoint/bucket/key
     profile: str = ""
     attempts: int = 3
     in_flight: int = 8  # GETs a process keeps in flight when it reads many objects at once
@@ -52,8 +53,11 @@ class Endpoint:
 
     @classmethod
     def of(cls, storage: Any, via: str = "") -> Endpoint:
+        """A job's endpoint from its storage.* keys, its addressing resolved once (address.py
+        path_style) for every client it makes or hands to a library."""
+        endpoint, bucket = str(storage.endpoint), parse(str(storage.url)).bucket
         return cls(
-            str(storage.endpoint), str(storage.region), bool(storage.path_style),
+            endpoint, str(storage.region), path_style(endpoint, bucket, storage.path_style, via),
             str(storage.profile), int(storage.attempts), int(storage.requests_per_worker), via,
         )  # fmt: skip
 
@@ -186,9 +190,14 @@ def failure(url: str, kind: str, detail: str, endpoint: Endpoint) -> StorageErro
             "upload the data again: python prepare.py storage=s3 ..."
         )
     if kind == "no bucket":
+        # Addressed as bucket.host, a server that takes only host/bucket reads the key's first
+        # folder as the bucket: its NoSuchBucket is then about the addressing.
+        addressing = (
+            "" if endpoint.path_style else ", or address it by path: storage.path_style=true"
+        )
         return StorageError(
-            f"s3://{address.bucket}: no such bucket at {endpoint.host}. Check storage.url, or "
-            "create the bucket"
+            f"s3://{address.bucket}: no such bucket at {endpoint.host} (asked for {url}: "
+            f"{detail}). Check storage.url{addressing}, or create the bucket"
         )
     if kind == "refused":
         return StorageError(
@@ -206,6 +215,20 @@ def failure(url: str, kind: str, detail: str, endpoint: Endpoint) -> StorageErro
         f"({detail}). Is the endpoint right, and the server running? (the local one: python -m "
         "facebench.storage.server status)"
     )
+
+
+def failed(url: str, error: BaseException) -> StorageError:
+    """The one line for a fetch of `url` that failed in a library that fetches for itself
+    (LitData's downloads: boto3, or obstore, whose message is a debug dump of the answer):
+    the server's answer as its error code, or the message's first line."""
+    message = str(error)
+    code = _CODE.search(message)
+    lines = message.strip().splitlines()
+    answer = code.group(1) if code else (lines[0][:200] if lines else type(error).__name__)
+    return failure(url, _kind(message), answer, configured())
+
+
+_CODE = re.compile(r"<Code>([^<]+)</Code>")  # an S3 error document's code: NoSuchKey, ...
 
 
 def get(url: str, byte_range: tuple[int, int] | None = None) -> Reply:

@@ -74,7 +74,6 @@ class Running:
             f"storage.url={url}",
             f"storage.endpoint={self.endpoint}",
             f"storage.region={REGION}",
-            "storage.path_style=true",
             *([] if emulate else ["storage.emulate=false"]),
         ]
 
