@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from facebench.config import StorageConfig
-from facebench.errors import ConfigError, StorageError
+from facebench.errors import StorageError
 from facebench.run.runner import run_training
 from facebench.storage import client, objects, server
 from facebench.storage.address import parse
@@ -158,19 +158,3 @@ def test_a_latency_bound_loader_feeds_the_accelerator_what_its_requests_in_fligh
     # And the run names latency, with the requests in flight Little's law reads off its metrics.
     said = re.match(r"latency \(([\d.]+) requests in flight", recorded["tags"]["storage_limit"])
     assert said is not None and float(said.group(1)) == pytest.approx(in_flight, rel=0.2)
-
-
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        (["storage.latency_ms=20"], r"storage.latency_ms: a bucket's distance, for storage=s3"),
-        (
-            ["storage=s3", "storage.url=s3://facebench/x", "storage.endpoint=http://127.0.0.1:1",
-             "storage.requests_per_s=-1"],
-            r"storage.requests_per_s=-1.0: must be 0 \(off\) or more",
-        ),
-    ],
-)  # fmt: skip
-def test_distance_keys_are_checked(overrides: list[str], message: str, make_cfg) -> None:
-    with pytest.raises(ConfigError, match=message):
-        make_cfg(*overrides)

@@ -5,6 +5,7 @@ settings from here, by these names.
 May import: errors (and nothing else of facebench's: every layer stands on this one).
 """
 
+from facebench.config.checks import typed
 from facebench.config.choices import (
     Amp,
     CacheMode,
@@ -22,13 +23,13 @@ from facebench.config.schema import (
     AdviseConfig,
     CommonConfig,
     DataConfig,
+    DistanceConfig,
     LoaderConfig,
     PrepareConfig,
     StorageConfig,
     TrainConfig,
     TransformConfig,
     register_configs,
-    typed,
 )
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "DataConfig",
     "DataLayout",
     "Decoder",
+    "DistanceConfig",
     "LoaderConfig",
     "Model",
     "OnBadSample",

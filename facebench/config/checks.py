@@ -1,5 +1,6 @@
 """The checks of a composed config that a type cannot make: one clear line per mistake, naming
-the key (config/schema.py holds the schemas; Hydra checks types and choices as it composes)."""
+the key (config/schema.py holds the schemas; Hydra checks types and choices as it composes), and
+the checked config as the schemas' objects (`typed`)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import dataclasses
 import logging
 import math
 import re
+from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from facebench.config.schema import DistanceConfig
 from facebench.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -61,6 +64,13 @@ def _transform_problems(transform: DictConfig | None) -> list[str]:
     if any(value <= 0 for value in transform.std):
         problems.append(f"transform.std={list(transform.std)}: every value must be above 0")
     return problems
+
+
+def typed(cfg: DictConfig) -> Any:
+    """The composed config, checked, as the objects of its schemas (TrainConfig, PrepareConfig
+    or AdviseConfig, with the chosen loader's options class): what every job receives."""
+    validate(cfg)
+    return OmegaConf.to_object(cfg)
 
 
 def validate(cfg: DictConfig) -> None:
@@ -122,7 +132,8 @@ def _storage_problems(storage: DictConfig | None) -> list[str]:
 # A bucket's name as S3 allows it (3-63 lower-case letters, digits, dots, hyphens), then a prefix.
 _BUCKET_URL = re.compile(r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$")
 _ENDPOINT = re.compile(r"^https?://[^/\s]+/?$")
-_DISTANCE = ("latency_ms", "bandwidth_mbps", "total_mbps", "requests_per_s")
+# storage.* keys of a bucket's distance: the schema's list, so a limit added there is checked.
+_DISTANCE = tuple(field.name for field in dataclasses.fields(DistanceConfig))
 
 _AT_LEAST_ONE = (
     "accelerators_per_host",

@@ -3,19 +3,18 @@
 Each YAML option under conf/ names its schema in its own defaults list, so a typo, a wrong type
 or a value outside a key's choices (`n_workers=abc`, `amp=fp8`, `cache=hot`) fails when the config
 is composed, before any work. The choices are Enums (config/choices.py). Values that a type
-cannot express (`batch_size=0`) are checked by `validate` (config/checks.py).
+cannot express (`batch_size=0`) are checked by `validate`, and a job's config is made into these
+objects by `typed` (both config/checks.py, which reads these schemas: they import nothing of it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING
 
-from facebench.config.checks import validate
 from facebench.config.choices import (
     Amp,
     CacheMode,
@@ -110,8 +109,27 @@ class AcceleratorConfig:
 
 
 @dataclass
-class StorageConfig:
-    """Where the data are read from (conf/storage/): the local file system, or an S3 bucket.
+class DistanceConfig:
+    """A bucket's distance: the one list of its limits (storage.latency_ms and the rest, flat
+    in StorageConfig, which inherits them). The config's checks, the relay's options and
+    facebench/storage/distance.py's Distance all read their names from here, so a new limit is
+    a field added here.
+
+    Emulated by a relay train.py and advise run in front of a plain http:// endpoint (a server
+    on this machine or network) for every client alike; 0 turns each off. The profiles
+    (storage=s3, s3-express) set them from published figures.
+    """
+
+    latency_ms: float = 0.0  # before each response's first byte
+    bandwidth_mbps: float = 0.0  # per connection, megabits a second
+    total_mbps: float = 0.0  # the host's link, over all connections, megabits a second
+    requests_per_s: float = 0.0  # past it, 503 SlowDown
+
+
+@dataclass
+class StorageConfig(DistanceConfig):
+    """Where the data are read from (conf/storage/): the local file system, or an S3 bucket,
+    at a distance (DistanceConfig's keys: storage.latency_ms and the rest).
 
     With storage=s3, the data's layout (data=synthetic, celeba_digiface, folder) is found under
     `url` instead of a folder: s3://bucket/prefix/CelebA/..., as `python prepare.py storage=s3`
@@ -138,17 +156,9 @@ class StorageConfig:
     # Attempts per request before a read fails (S3's 503 SlowDown and dropped connections are
     # retried, with backoff).
     attempts: int = 3
-    # A bucket's distance, emulated by a relay train.py and advise run in front of a plain
-    # http:// endpoint (a server on this machine or network; facebench/storage/distance.py) for
-    # every client alike; 0 turns each off. Latency before each response's first byte; bandwidth
-    # per connection and over all of them (megabits a second); past requests_per_s, 503
-    # SlowDown. The profiles (storage=s3, s3-express) set them from published figures.
-    latency_ms: float = 0.0
-    bandwidth_mbps: float = 0.0
-    total_mbps: float = 0.0
-    requests_per_s: float = 0.0
-    # Emulate the distance above where the endpoint is plain http://; false: read the server as
-    # it answers. An https:// endpoint or AWS's own is never emulated: its distance is real.
+    # Emulate the distance (DistanceConfig's keys) where the endpoint is plain http://; false:
+    # read the server as it answers. An https:// endpoint or AWS's own is never emulated: its
+    # distance is real.
     emulate: bool = True
     # What the distance stands for, and where its numbers come from (the profile's YAML).
     distance_name: str = ""
@@ -251,10 +261,3 @@ def register_configs() -> None:
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="prepare_schema", node=PrepareConfig)
     cs.store(name="advise_schema", node=AdviseConfig)
-
-
-def typed(cfg: DictConfig) -> Any:
-    """The composed config, checked, as the objects of its schemas (TrainConfig, PrepareConfig
-    or AdviseConfig, with the chosen loader's options class): what every job receives."""
-    validate(cfg)
-    return OmegaConf.to_object(cfg)

@@ -19,10 +19,10 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from facebench.config import DistanceConfig
 from facebench.errors import StorageError
 from facebench.storage.daemons import alive, end, spawn
 
@@ -33,14 +33,11 @@ log = logging.getLogger(__name__)
 RELAY_ENV = "FACEBENCH_RELAY"
 
 
-@dataclass(frozen=True)
-class Distance:
-    """What stands between the clients and the endpoint; 0 turns a limit off."""
-
-    latency_ms: float = 0.0
-    bandwidth_mbps: float = 0.0  # per connection, megabits a second
-    total_mbps: float = 0.0  # the host's link, over all connections
-    requests_per_s: float = 0.0  # past it: 503 SlowDown
+class Distance(DistanceConfig):
+    """What stands between the clients and the endpoint; 0 turns a limit off. Its fields are
+    DistanceConfig's (the config's one list of a bucket's limits), inherited. Not frozen (a
+    frozen dataclass cannot inherit a config's fields), it is still used as a value: made by
+    Distance.of or from the relay's options, never changed."""
 
     @classmethod
     def of(cls, storage: Any) -> Distance:
@@ -69,8 +66,8 @@ class Distance:
         return ", ".join(parts)
 
 
-# The distance's fields, in order: the one list the relay's options, the config's checks and
-# Distance.of read, so a new limit is added in one place.
+# The distance's fields, in order (DistanceConfig's): what the relay's options and Distance.of
+# read, as the config's checks do.
 FIELDS = tuple(field.name for field in dataclasses.fields(Distance))
 
 
