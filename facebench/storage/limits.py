@@ -98,7 +98,7 @@ def _waited_for(
             f"{metrics.get('storage_relay_endpoint_ms', 0.0):,.0f} ms on average): this "
             "measures the server here more than the distance",
         )
-    size_mb = metrics.get("storage_bytes", 0.0) / metrics["storage_requests"] / 1e6
+    size_mb = mb_per_request(metrics)
     transfer_ms = 8 * size_mb / distance.bandwidth_mbps * 1000 if distance.bandwidth_mbps else 0
     if transfer_ms and transfer_ms >= distance.latency_ms:
         return Limit(
@@ -154,6 +154,13 @@ def images_per_request(metrics: Mapping[str, float]) -> float:
     run read no bucket."""
     requests, seen = metrics.get("storage_requests", 0.0), metrics.get("samples_seen", 0.0)
     return seen / requests if requests and seen else 0.0
+
+
+def mb_per_request(metrics: Mapping[str, float]) -> float:
+    """Megabytes a GET brought on average (a request's size, which a connection's bandwidth
+    sends); 0 where the run read no bucket."""
+    requests = metrics.get("storage_requests", 0.0)
+    return metrics.get("storage_bytes", 0.0) / requests / 1e6 if requests else 0.0
 
 
 def count(value: float) -> str:
