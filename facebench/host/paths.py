@@ -22,10 +22,18 @@ def shards_root(shards_dir: str, root: Path, shard_format: str) -> Path:
     return base / shard_format
 
 
+def nearest_existing(path: Path) -> Path:
+    """The path, or its nearest ancestor that exists: where something not yet made will go,
+    whose permissions, block size and free space are the ones it will meet."""
+    while not path.exists():
+        path = path.parent
+    return path
+
+
 def check_writable(path: Path) -> None:
-    probe = path
-    while not probe.exists():
-        probe = probe.parent
+    """Refuse a shards folder that cannot be written (nor, where it is not yet made, its
+    nearest existing ancestor, where it would be made)."""
+    probe = nearest_existing(path)
     if not os.access(probe, os.W_OK):
         raise DataError(
             f"{path}: cannot write shards here ({probe} is not writable); "

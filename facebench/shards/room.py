@@ -21,6 +21,7 @@ from PIL import Image
 from facebench.data.images import CELEBA_BOX, within_limit
 from facebench.data.sources import CELEBA, Record
 from facebench.errors import ShardError
+from facebench.host.paths import nearest_existing
 
 log = logging.getLogger(__name__)
 
@@ -67,16 +68,9 @@ def mean_file_bytes(records: list[Record]) -> float:
     return _sampled_mean(records, _file_bytes)
 
 
-def _existing(folder: Path) -> Path:
-    """The folder, or its nearest ancestor that exists: where a set not yet written will go,
-    for the filesystem's block size and free space."""
-    while not folder.exists():
-        folder = folder.parent
-    return folder
-
-
 def block_size(folder: Path) -> int:
-    return os.statvfs(_existing(folder)).f_frsize or 4096
+    """The block size of the filesystem the set goes to (its folder may not be made yet)."""
+    return os.statvfs(nearest_existing(folder)).f_frsize or 4096
 
 
 def set_bytes(shard_bytes: list[float], n_samples: int, block: int) -> int:
@@ -87,7 +81,8 @@ def set_bytes(shard_bytes: list[float], n_samples: int, block: int) -> int:
 
 
 def free_bytes(folder: Path) -> int:
-    return shutil.disk_usage(_existing(folder)).free
+    """The room left where the set goes (its folder may not be made yet)."""
+    return shutil.disk_usage(nearest_existing(folder)).free
 
 
 def bytes_in(folder: Path, prefix: str) -> int:
