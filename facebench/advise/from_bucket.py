@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from facebench.fetches import requests_in_flight
-from facebench.storage.limits import Limit, count, images_per_request
+from facebench.storage.limits import Limit, count, images_per_request, mb_per_request
 
 # Fewer GETs than this in a measurement (a few large shards): no rate or requests in flight is
 # read from them.
@@ -24,7 +24,7 @@ def in_flight(
         return ""
     requests = metrics["storage_requests"]
     if requests < FEW_REQUESTS:  # too few for a rate: what they were
-        size = metrics.get("storage_bytes", 0.0) / requests / 1e6
+        size = mb_per_request(metrics)
         return (
             f" From the bucket it made {requests:,.0f} requests of {size:,.1f} MB "
             f"({count(per_request)} images each, {mean_ms:,.0f} ms on average)."
