@@ -115,10 +115,11 @@ def compose_config(*overrides: str, config_name: str = "train") -> DictConfig:
 @pytest.fixture
 def make_cfg(cache: Path) -> Callable[..., Any]:
     """The typed config a job receives (composed and checked as train.py does), overridden to
-    the cheapest settings: what run_training, run_prepare and the loaders take."""
+    the cheapest settings: what run_training, run_prepare and the loaders take. The data are the
+    suite's shared set unless `cache_dir` names a folder of the test's own."""
 
-    def make(*overrides: str, config_name: str = "train") -> Any:
-        cheap = [f"data.cache_dir={cache}", "data.n_images=120"]
+    def make(*overrides: str, config_name: str = "train", cache_dir: Path = cache) -> Any:
+        cheap = [f"data.cache_dir={cache_dir}", "data.n_images=120"]
         if config_name != "prepare":
             cheap += ["device=cpu", "tracking=false", "n_workers=0", "batch_size=8", "model=none"]
         return typed(compose_config(*cheap, *overrides, config_name=config_name))
