@@ -1,18 +1,16 @@
 """Break running loaders' workers, for tests: `python tests/break_workers.py MODE CACHE LOADER...`.
 
-MODE kill: SIGKILL one worker process after the first batch (Ray's: every one running a task,
-until the epoch ends). MODE files: after the first batch,
-lower this process's open-file limit to what it holds now, so that receiving the next batch
-fails. For each loader, prints the one line the user would see and how long the epoch took to end.
+MODE kill: SIGKILL one worker process after the first batch (loader=raydata's are Ray's, killed
+by tests/test_raydata.py). MODE files: after the first batch, lower this process's open-file
+limit to what it holds now, so that receiving the next batch fails. For each loader, prints the
+one line the user would see and how long the epoch took to end.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import resource
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -52,29 +50,6 @@ def _no_room(root: str) -> int:
     return min([lowest_free, *in_flight])
 
 
-def ray_workers(me: psutil.Process) -> list[psutil.Process]:
-    """Ray's worker processes below this one: named for their task (ray::MapBatches(...)) or
-    ray::IDLE; not its agents (ray::DashboardAgent), whose loss stops the whole node."""
-    found = []
-    for child in me.children(recursive=True):
-        try:
-            name = child.cmdline()[0] if child.cmdline() else ""
-        except psutil.Error:
-            continue
-        if name.startswith("ray::") and not name.endswith("Agent"):
-            found.append(child)
-    return found
-
-
-def _kill_ray_tasks(me: psutil.Process, stop: threading.Event) -> None:
-    """Kill every Ray worker below this process that runs a decode task, until `stop`."""
-    while not stop.wait(0.01):
-        for worker in ray_workers(me):
-            with contextlib.suppress(psutil.Error, IndexError):
-                if worker.cmdline()[0].startswith("ray::MapBatches"):
-                    worker.kill()
-
-
 def break_one(loader: str, mode: str, cache: str) -> None:
     overrides = [
         f"loader={loader}",
@@ -86,8 +61,6 @@ def break_one(loader: str, mode: str, cache: str) -> None:
         "n_workers=2",
         "batch_size=4",
         "shard_size=50",
-        # Ray: one batch a task, so that the epoch's tasks are many and short.
-        *(["loader.images_per_task=4"] if loader == "raydata" else []),
     ]
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
         cfg = typed(compose(config_name="train", overrides=overrides))
@@ -109,16 +82,6 @@ def break_one(loader: str, mode: str, cache: str) -> None:
             workers = [
                 c for c in me.children() if c.cmdline() == me.cmdline() and c.pid not in before
             ]
-            if not workers and loader == "raydata":
-                # Ray's: killed again and again while they run a task, until the epoch ends.
-                # A worker killed once could be idle, or past its task's last output (its
-                # batch kept), and Ray would go on with new ones; of the epoch's 150 tasks,
-                # one a batch, some are certainly killed while they decode.
-                killer = threading.Thread(target=_kill_ray_tasks, args=(me, stop), daemon=True)
-                killer.start()
-                yield first
-                yield from batches
-                return
             if not workers:
                 print(f"{loader}: no worker processes to kill", flush=True)
                 return
@@ -129,14 +92,12 @@ def break_one(loader: str, mode: str, cache: str) -> None:
         yield from batches
 
     limits = resource.getrlimit(resource.RLIMIT_NOFILE)
-    stop = threading.Event()
     started = time.perf_counter()
     try:
         with module.held(ctx):  # the loader's service for the job, as the runner holds it
             try:
                 run_epoch(build, None, EpochSettings(torch.device("cpu"), loader_name=loader))
             finally:  # before the service stops: stopping Ray opens files
-                stop.set()
                 resource.setrlimit(resource.RLIMIT_NOFILE, limits)
         print(f"{loader}: no error", flush=True)
     except FacebenchError as error:

@@ -10,6 +10,7 @@ to do. Pipelines that do not watch their own workers (torchdata.nodes) are watch
 from __future__ import annotations
 
 import errno
+import os
 import re
 import resource
 import signal
@@ -27,6 +28,20 @@ _EXITED = re.compile(r"DataLoader worker \(pid\(?s?\)? ([\d, ]+)\) exited unexpe
 
 def open_files_limit() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def descriptors_left() -> int:
+    """How many more files or sockets this process may open now: a new descriptor takes the
+    lowest free number, and fails (EMFILE) where none below the soft limit is free."""
+    limit = open_files_limit()
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError as error:
+        if error.errno == errno.EMFILE:
+            return 0
+        raise
+    held = sum(1 for name in names if int(name) < limit) - 1  # less the listing's own
+    return limit - held
 
 
 def too_many_open_files(loader: str) -> LoaderFailure:

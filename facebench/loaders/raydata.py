@@ -56,6 +56,7 @@ from facebench.fetches import Fetches
 from facebench.host.extras import Requirement
 from facebench.host.resources import batch_bytes
 from facebench.loaders.decoding import DecodeStage
+from facebench.loaders.failures import descriptors_left, too_many_open_files
 from facebench.loaders.ray_cluster import ray_cluster
 from facebench.loaders.ray_errors import BatchFailed, ray_errors
 from facebench.loaders.ray_measure import (
@@ -200,7 +201,7 @@ class RayBatches:
         batches = iter(columns)
         try:
             with ray_errors():
-                for batch in batches:
+                while (batch := _next_batch(batches)) is not None:
                     times = stage_times(batch["stages"])
                     if "fetches" in batch and times is not None:
                         times = dataclasses.replace(times, fetches=fetches_of(batch["fetches"]))
@@ -224,6 +225,16 @@ class RayBatches:
             log.warning("raydata: Ray's statistics of this epoch are not available (%s)", error)
             return {}
         return ray_metrics(summary)
+
+
+def _next_batch(batches: Iterator[dict[str, Any]]) -> dict[str, Any] | None:
+    """The epoch's next batch from Ray, or None at its end; refused where this process has no
+    descriptor left. Ray's driver opens a connection for each worker it leases and each actor
+    it calls (Ray Data's autoscaling coordinator) as the epoch goes on, and retries one that
+    fails with EMFILE without end: waiting for the batch would then never return."""
+    if descriptors_left() == 0:
+        raise too_many_open_files("raydata")
+    return next(batches, None)
 
 
 def object_store_bytes(ctx: LoaderContext) -> int:
