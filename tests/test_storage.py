@@ -33,6 +33,7 @@ from facebench.fetches import (
     percentile_ms,
     requests_in_flight,
 )
+from facebench.host.children import alive
 from facebench.host.distributed import whole_job
 from facebench.host.paths import PROJECT_ROOT, cache_dir
 from facebench.host.ports import free_port
@@ -40,7 +41,6 @@ from facebench.run.runner import run_training
 from facebench.shards.manifest import Manifest
 from facebench.storage import client, objects, server
 from facebench.storage.address import Address, parse, path_style
-from facebench.storage.daemons import alive
 from facebench.storage.sync import MANIFEST, upload_tree
 from tests.helpers import (
     CLOSE,

@@ -17,10 +17,12 @@ pools). A forked child leaves Ctrl-C to its parent, which stops the run in one l
 workers with it. (A Python handler, not SIG_IGN: a program the child runs with exec gets the
 default back.)
 
-A process started with exec (subprocess's children: torchrun's launcher, its ranks) runs no fork
-hook. `end_with()` makes one stop when its parent ends, in order where it can: its main thread
-is sent a signal its own handlers act on (a launcher stops its ranks, a rank closes its run),
-and only one still there after a grace period leaves at once.
+A process started with exec runs no fork hook of its own. facebench.host.children.spawn has the
+kernel's signal asked for between fork and exec (`death_signal_asker`), for a child that may be
+killed outright (the object server's daemons, the relay). `end_with()` makes one that must stop
+in order (torchrun's launcher, its ranks) stop when its parent ends: its main thread is sent a
+signal its own handlers act on (a launcher stops its ranks, a rank closes its run), and only one
+still there after a grace period leaves at once.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import logging
 import multiprocessing.process
 import os
@@ -35,6 +38,7 @@ import shutil
 import signal
 import sys
 import threading
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +47,7 @@ _POLL_S = 0.5
 
 _installed = False
 _prctl = None  # libc's prctl, found once in the parent (not in a child just forked)
+_prctl_looked_up = False
 _parent_pid = 0  # the forking process, as seen by the child (set just before each fork)
 _forked_from_main_thread = True
 _parent_tempdir: str | None = None  # multiprocessing's temporary folder of the forking process
@@ -51,15 +56,36 @@ _ending_with: int | None = None  # the parent end_with() watches, once per proce
 
 def install() -> None:
     """Make every child forked from now on die with its parent (idempotent; Linux only)."""
-    global _installed, _prctl
+    global _installed
     if _installed or not sys.platform.startswith("linux"):
         return
-    try:
-        _prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):
-        _prctl = None  # every child then watches its parent from a thread
+    _find_prctl()  # where it is missing, every child watches its parent from a thread
     os.register_at_fork(before=_before_fork, after_in_child=_in_child)
     _installed = True
+
+
+def _find_prctl() -> None:
+    """libc's prctl, looked up once, in a parent: a child between fork and exec only calls it
+    (a lookup there could wait on a lock another of the parent's threads held at the fork)."""
+    global _prctl, _prctl_looked_up
+    if _prctl_looked_up:
+        return
+    _prctl_looked_up = True
+    with contextlib.suppress(OSError, AttributeError):
+        _prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+
+
+def death_signal_asker(signum: signal.Signals) -> Callable[[], None] | None:
+    """For a child started with exec (subprocess's preexec_fn): a function it runs between fork
+    and exec, asking the kernel for `signum` when its parent dies; None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    _find_prctl()
+    return functools.partial(_ask_for_signal, signum)
+
+
+def _ask_for_signal(signum: signal.Signals) -> bool:
+    return _prctl is not None and _prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
 
 
 def _before_fork() -> None:
@@ -82,7 +108,7 @@ def _left_to_parent(signum: int, frame: object) -> None:
 
 
 def _ask_for_sigkill() -> bool:
-    return _prctl is not None and _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+    return _ask_for_signal(signal.SIGKILL)
 
 
 def _watch() -> None:

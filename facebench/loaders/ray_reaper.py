@@ -28,6 +28,7 @@ import sys
 
 import psutil
 
+from facebench.host.children import Child, spawn
 from facebench.host.paths import PROJECT_ROOT
 
 _NOTE_S = 0.5
@@ -37,8 +38,8 @@ _RELEASE_TIMEOUT_S = 10.0
 class Reaper:
     """The reaper process of this job's local Ray instance."""
 
-    def __init__(self, process: subprocess.Popen) -> None:
-        self.process = process
+    def __init__(self, child: Child) -> None:
+        self.child = child
 
     @classmethod
     def start(cls) -> Reaper:
@@ -46,19 +47,15 @@ class Reaper:
         # facebench importable as it is here, installed or run from a checkout.
         path = [str(PROJECT_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
-        # Its own session: a Ctrl-C to the job's terminal is the job's to handle, not its.
-        process = subprocess.Popen(command, stdin=subprocess.PIPE, start_new_session=True, env=env)
-        return cls(process)
+        # Not dying with the job: its work begins when the job dies.
+        return cls(spawn(command, stdin=subprocess.PIPE, env=env, dies_with_parent=False))
 
     def release(self) -> None:
         """Close the pipe: the reaper kills what is left of the instance, and ends."""
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        try:
-            self.process.wait(timeout=_RELEASE_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        if self.child.process.stdin is not None:
+            self.child.process.stdin.close()
+        if self.child.wait(_RELEASE_TIMEOUT_S) is None:
+            self.child.end()
 
 
 def ray_processes_below(job: psutil.Process) -> list[psutil.Process]:

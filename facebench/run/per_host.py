@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from facebench.config import TrainConfig
 from facebench.errors import ConfigError, FacebenchError, TrackingLost
 from facebench.host import parent_death
+from facebench.host.children import spawn
 from facebench.host.distributed import AGENT_PID_ENV, world_from_env
 from facebench.host.paths import cache_dir
 from facebench.host.resources import usable_cores
@@ -116,17 +116,13 @@ def _launch(command: list[str], env: dict[str, str]) -> int:
     """torchrun's launcher, waited for; if this process is stopped (Ctrl-C, SIGTERM as an
     exception), the launcher is asked to stop first, so that it stops its ranks (started in
     sessions of their own, they would outlive a killed launcher), then killed if it will not.
-    Killed outright itself, this process asks nothing: the launcher sees it gone (_launcher)."""
-    launcher = subprocess.Popen(command, env=env)
+    Killed outright itself, this process asks nothing: the launcher sees it gone (_launcher),
+    and stops its ranks in order, rather than die with it at once."""
+    launcher = spawn(command, env=env, dies_with_parent=False)
     try:
-        return launcher.wait()
+        return launcher.process.wait()
     except BaseException:
-        launcher.send_signal(signal.SIGTERM)
-        try:
-            launcher.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            launcher.kill()
-            launcher.wait()
+        launcher.end(STOP_GRACE_S)
         raise
 
 

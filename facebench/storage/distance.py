@@ -24,7 +24,7 @@ from typing import Any
 
 from facebench.config import DistanceConfig
 from facebench.errors import StorageError
-from facebench.storage.daemons import alive, end, spawn
+from facebench.host.children import Child, spawn
 
 log = logging.getLogger(__name__)
 
@@ -107,16 +107,16 @@ def emulated(storage: Any, folder: Path) -> Iterator[str]:
         sys.executable, "-m", "facebench.storage.relay",
         f"--upstream={storage.endpoint}", *distance.arguments(),
     ]  # fmt: skip
-    pid = spawn(command, log_path, detached=False)
+    relay = spawn(command, log_path=log_path)
     try:
-        port = _port_of(log_path, pid)
+        port = _port_of(log_path, relay)
         log.info(
             "emulating the bucket's distance (%s) with a relay at 127.0.0.1:%d in front of %s",
             describe(storage), port, storage.endpoint,
         )  # fmt: skip
         yield f"http://127.0.0.1:{port}"
     finally:
-        end({"relay": pid})
+        relay.end()
     log_path.unlink(missing_ok=True)
 
 
@@ -156,14 +156,14 @@ def counters(via: str, since: dict[str, float] | None = None) -> dict[str, float
     }
 
 
-def _port_of(log_path: Path, pid: int) -> int:
+def _port_of(log_path: Path, relay: Child) -> int:
     deadline = time.monotonic() + _START_S
     while time.monotonic() < deadline:
         text = log_path.read_text(errors="replace") if log_path.exists() else ""
         found = _LISTENING.search(text)
         if found:
             return int(found.group(1))
-        if not alive(pid):
+        if relay.process.poll() is not None:
             last = text.strip().splitlines()[-1] if text.strip() else "no output"
             raise StorageError(f"the distance relay did not start ({last}); its log: {log_path}")
         time.sleep(0.05)

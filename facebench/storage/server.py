@@ -34,9 +34,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from facebench.errors import StorageError
+from facebench.host.children import alive, end_groups, spawn
 from facebench.host.paths import cache_dir
 from facebench.host.ports import free_port, port_in_use
-from facebench.storage.daemons import alive, end, spawn
 from facebench.storage.swift_config import (
     ACCESS_KEY,
     DAEMON,
@@ -154,7 +154,7 @@ def start(root: Path, port: int = DEFAULT_PORT, detached: bool = True) -> Runnin
     if memcached:
         user = ["-u", "root"] if os.geteuid() == 0 else []  # memcached will not run as root else
         command = [memcached, *user, "-l", "127.0.0.1", "-p", str(memcache_port), "-m", "64"]
-        pids["memcached"] = spawn(command, logs / "memcached.log", detached)
+        pids["memcached"] = _daemon(command, logs / "memcached.log", detached)
     else:
         log.warning(
             "memcached is not installed: the local object server runs without its cache, about "
@@ -163,16 +163,22 @@ def start(root: Path, port: int = DEFAULT_PORT, detached: bool = True) -> Runnin
     for kind in _DAEMONS:
         conf = root / "conf" / f"{kind}-server.conf"
         command = [*DAEMON, kind, str(root / "conf" / "swift.conf"), str(conf)]
-        pids[kind] = spawn(command, logs / f"{kind}.log", detached)
+        pids[kind] = _daemon(command, logs / f"{kind}.log", detached)
     server = Running(f"http://127.0.0.1:{ports['proxy']}", str(root), pids, bool(memcached))
     try:
         _wait_ready(server, logs)
     except BaseException:
-        end(server.pids)
+        end_groups(server.pids.values())
         raise
     _create_bucket(server, BUCKET)
     (root / STATE).write_text(json.dumps(asdict(server)))
     return server
+
+
+def _daemon(command: list[str], log_path: Path, detached: bool) -> int:
+    """One of the server's daemons started; its pid, kept in server.json for `stop`. Detached,
+    it outlives this process (the command); else it dies with it (a test's server)."""
+    return spawn(command, log_path=log_path, dies_with_parent=not detached).pid
 
 
 def _create_bucket(server: Running, bucket: str) -> None:
@@ -202,7 +208,7 @@ def stop(root: Path) -> bool:
     if not state.is_file():
         return False
     server = Running(**json.loads(state.read_text()))
-    end(server.pids)
+    end_groups(server.pids.values())
     state.unlink()
     return True
 
