@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -188,6 +190,28 @@ def test_server_keeps_its_data_across_restarts(tmp_path: Path) -> None:
         assert objects.read("s3://facebench/kept") == b"still here"
     finally:
         server.stop(root)
+
+
+def test_a_port_taken_as_the_server_starts_is_chosen_again(tmp_path: Path, monkeypatch, caplog):
+    """Between finding a port free and a daemon binding it, another program may take it: the
+    proxy would then send its account requests to a stranger (CreateBucket answered 400, once,
+    with the suite running). The server sees who listens and starts again on other ports."""
+    stranger = socket.create_server(("127.0.0.1", 0))
+    taken = stranger.getsockname()[1]
+    first = iter([taken])  # the account daemon's port, the first time only
+    found_free = server.free_port
+    monkeypatch.setattr(server, "free_port", lambda: next(first, None) or found_free())
+    root = tmp_path / "server"
+    try:
+        with caplog.at_level(logging.INFO, logger="facebench.storage.server"):
+            running = server.start(root, port=0, detached=False)
+        assert f"port [{taken}] taken by another program while the server started" in caplog.text
+        client.configure(client.Endpoint(running.endpoint, server.REGION, True))
+        objects.put_bytes("s3://facebench/answered", b"by the server itself", {})
+        assert objects.read("s3://facebench/answered") == b"by the server itself"
+    finally:
+        server.stop(root)
+        stranger.close()
 
 
 def test_bucket_lists_the_same_samples_as_the_folder(

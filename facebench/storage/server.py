@@ -36,7 +36,7 @@ from pathlib import Path
 from facebench.errors import StorageError
 from facebench.host.children import alive, end_groups, spawn
 from facebench.host.paths import cache_dir
-from facebench.host.ports import free_port, port_in_use
+from facebench.host.ports import free_port, listeners, port_in_use
 from facebench.storage.swift_config import (
     ACCESS_KEY,
     DAEMON,
@@ -53,6 +53,7 @@ BUCKET = "facebench"  # created at start
 STATE = "server.json"
 _DAEMONS = ("account", "container", "object", "proxy")  # started in this order, proxy last
 _READY_S = 60.0
+_ATTEMPTS = 3  # starts on fresh ports, where another program took one meanwhile
 
 
 @dataclass(frozen=True)
@@ -96,10 +97,16 @@ def running(root: Path) -> Running | None:
     return server if all(alive(pid) for pid in server.pids.values()) else None
 
 
-def _wait_ready(server: Running, logs: Path) -> None:
+class _PortTaken(Exception):
+    """Another program took a port chosen for a daemon before the daemon could bind it."""
+
+
+def _wait_ready(server: Running, logs: Path, ports: list[int]) -> None:
+    """Until every daemon listens on its port and the proxy answers; _PortTaken where another
+    program listens on one (a request the proxy sent there would get a stranger's answer)."""
     deadline = time.monotonic() + _READY_S
     url = f"{server.endpoint}/healthcheck"
-    ports = [int(line) for line in (logs / "ports").read_text().split()]
+    ours = set(server.pids.values())  # each daemon leads its own process group
     while True:
         dead = [kind for kind, pid in server.pids.items() if not alive(pid)]
         if dead:
@@ -107,8 +114,12 @@ def _wait_ready(server: Running, logs: Path) -> None:
                 f"the local object server's {dead[0]} daemon exited at start: see "
                 f"{logs / (dead[0] + '.log')}"
             )
+        holders = listeners(ports)
+        taken = [port for port, pid in holders.items() if _group(pid) not in ours]
+        if taken:
+            raise _PortTaken(taken)
         with contextlib.suppress(OSError):
-            if all(port_in_use(port) for port in ports):
+            if len(holders) == len(ports):
                 with urllib.request.urlopen(url, timeout=2) as answer:
                     if answer.status == 200:
                         return
@@ -131,6 +142,20 @@ def start(root: Path, port: int = DEFAULT_PORT, detached: bool = True) -> Runnin
     if already is not None:
         return already
     stop(root)  # what is left of one that half ended (a daemon killed): all of it, first
+    for attempt in range(_ATTEMPTS):
+        try:
+            return _start(root, port, detached)
+        except _PortTaken as taken:
+            # Between finding a port free and a daemon binding it, another program did.
+            log.info("port %s taken by another program while the server started: again (%d)",
+                     taken.args[0], attempt + 1)  # fmt: skip
+    raise StorageError(
+        f"the local object server's ports were taken by other programs {_ATTEMPTS} times as it "
+        "started: see what listens on 127.0.0.1 (ss -ltnp) and start it again"
+    )
+
+
+def _start(root: Path, port: int, detached: bool) -> Running:
     if importlib.util.find_spec("swift") is None:
         raise StorageError(
             "the local object server needs OpenStack Swift: pip install -e '.[s3server]'"
@@ -146,7 +171,6 @@ def start(root: Path, port: int = DEFAULT_PORT, detached: bool = True) -> Runnin
     ports["proxy"] = port or free_port()
     memcache_port = free_port()
     logs = root / "logs"
-    (logs / "ports").write_text("\n".join(str(p) for p in ports.values()))
     write_rings(root / "conf", ports)
     write_configs(root, ports, memcache_port)
     pids: dict[str, int] = {}
@@ -166,13 +190,20 @@ def start(root: Path, port: int = DEFAULT_PORT, detached: bool = True) -> Runnin
         pids[kind] = _daemon(command, logs / f"{kind}.log", detached)
     server = Running(f"http://127.0.0.1:{ports['proxy']}", str(root), pids, bool(memcached))
     try:
-        _wait_ready(server, logs)
+        _wait_ready(server, logs, [*ports.values(), *([memcache_port] if memcached else [])])
     except BaseException:
         end_groups(server.pids.values())
         raise
     _create_bucket(server, BUCKET)
     (root / STATE).write_text(json.dumps(asdict(server)))
     return server
+
+
+def _group(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
 
 
 def _daemon(command: list[str], log_path: Path, detached: bool) -> int:
