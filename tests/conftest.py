@@ -204,8 +204,9 @@ def _ray_only_for_its_cases(request: pytest.FixtureRequest) -> Iterator[None]:
     Ray in the process, so that no loader's workers are forked from a process running Ray's
     threads (the Ray group runs first on its pytest-xdist worker, which then goes on to
     others)."""
-    # pytest-xdist marks a grouped test's id with its group. Without the group, Ray's tests
-    # would run beside each other and count each other's processes, failing at random.
+    # pytest-xdist marks a grouped test's id with its group. Without the group, the raydata
+    # cases would be spread over the workers, each starting and stopping a Ray of its own
+    # between other tests, and the `alone` tests would wait on each other's locks.
     node = request.node
     loadgroup = getattr(request.config.option, "loadgroup", False)  # set in xdist's workers
     group = _group_of(node) if loadgroup else None
@@ -326,12 +327,13 @@ def pytest_runtest_makereport(item, call):
 def pytest_collection_modifyitems(config, items):
     """GPU tests are skipped, not deleted, where there is no CUDA device. A test run once per
     loader runs in the fast subset for the loaders of FAST_LOADERS only (every loader if it is
-    marked every_loader); the full suite runs it for all. Every test that starts Ray (a
-    loader=raydata case, or one marked `ray`) is in one pytest-xdist group, run one after
-    another in one worker process: a test that counts Ray's processes then sees its own only.
-    Within it a loader=raydata case runs last: its first one connects the process to Ray. The
-    tests marked `alone` form a group too, so that they run back to back. A test that starts
-    Ray or the object server (the `s3` fixture) is slow: the fast subset starts neither."""
+    marked every_loader); the full suite runs it for all. The loader=raydata cases, which share
+    one Ray instance in their pytest-xdist worker (_ray_here), are one group, run one after
+    another in one worker; a test that starts Ray in a process of its own may run beside them
+    (those that count Ray's processes count their own job's: tests/ray_watch.py). The tests
+    marked `alone` form a group too, so that they run back to back. Groups go first: each is a
+    chain of tests one worker runs in turn. A test that starts Ray or the object server (the
+    `s3` fixture) is slow: the fast subset starts neither."""
     import torch
 
     skip = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA device")
@@ -341,14 +343,17 @@ def pytest_collection_modifyitems(config, items):
         loader = _loader_of(item)
         if loader in LOADERS and loader not in FAST_LOADERS and "every_loader" not in item.keywords:
             item.add_marker(pytest.mark.slow)
-        if loader == "raydata" or _sweeps(item) == ["raydata"] or item.get_closest_marker("ray"):
+        if loader == "raydata":  # this worker's Ray instance, shared by the cases in turn
             item.add_marker(pytest.mark.xdist_group("ray"))
+        if loader == "raydata" or _sweeps(item) == ["raydata"] or item.get_closest_marker("ray"):
             item.add_marker(pytest.mark.slow)  # Ray's start alone takes seconds
         if "s3" in getattr(item, "fixturenames", ()):  # the object server's start, the same
             item.add_marker(pytest.mark.slow)
         elif item.get_closest_marker("alone") is not None:
             item.add_marker(pytest.mark.xdist_group("alone"))
-    items.sort(key=lambda item: _loader_of(item) == "raydata")  # stable: otherwise in order
+    # The groups first (stable: otherwise in order): each runs its tests one after another in
+    # one worker, so started late it would keep the suite waiting at its end.
+    items.sort(key=lambda item: _group_of(item) is None)
 
 
 def _group_of(item) -> str | None:

@@ -22,11 +22,12 @@ from facebench.host.paths import PROJECT_ROOT
 from facebench.host.ports import free_port
 from facebench.loaders import ray_cluster, ray_one_machine
 from facebench.loaders.ray_measure import stage_rows, stage_times
-from facebench.loaders.ray_one_machine import ray_processes
 from facebench.stages import StageTimes
+from tests.ray_watch import RayWatch
 
 pytest.importorskip("ray.data")
-# Each test counts the Ray processes it leaves: no other test may start Ray meanwhile.
+# Each test counts the Ray processes its own job leaves (tests/ray_watch.py), not the machine's:
+# others may run Ray beside it.
 pytestmark = pytest.mark.ray
 
 
@@ -75,14 +76,6 @@ def _mlflow_status(env: dict) -> str:
     return run.info.status
 
 
-def _gone(before: set[int], timeout: float = 20.0) -> set[int]:
-    """Ray processes started since `before` that are still running after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while (left := ray_processes() - before) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return left
-
-
 def test_stage_times_travel_in_the_first_row():
     times = StageTimes((1, 2, 3, 4), (5, 6, 7, 8), 9, (10, 2**40), 11)
     rows = stage_rows(times, 3)
@@ -104,7 +97,6 @@ def test_addresses_read_as_ray_reads_them():
 
 @pytest.mark.slow  # a train.py process and a Ray instance or cluster
 def test_a_local_instance_lives_as_long_as_the_job(tmp_path, cache, isolated_env):
-    before = ray_processes()
     run = _train(
         tmp_path,
         isolated_env,
@@ -114,6 +106,7 @@ def test_a_local_instance_lives_as_long_as_the_job(tmp_path, cache, isolated_env
         "loader.images_per_task=24",  # three batches a task
         "epochs=2",
     )
+    watch = RayWatch(run)
     output = _to_end(run, timeout=300)
     assert run.returncode == 0, output[-3000:]
     results = _results(tmp_path)
@@ -126,7 +119,8 @@ def test_a_local_instance_lives_as_long_as_the_job(tmp_path, cache, isolated_env
     assert metrics["ray_tasks"] == 120 // 24 and metrics["ray_nodes_used"] == 1
     assert metrics["samples_unique"] == metrics["samples_seen"] == 120
     assert "a local Ray instance: 1 node(s), 2 CPUs" in output
-    assert not _gone(before), "the job's Ray processes outlived it"
+    assert watch.noted, "no Ray process of the job was seen: the check proves nothing"
+    assert not watch.left(), "the job's Ray processes outlived it"
 
 
 @pytest.mark.slow  # a Ray instance
@@ -134,31 +128,30 @@ def test_an_epoch_cut_short_leaves_no_ray_data_thread_at_shutdown(isolated_env):
     """Ray Data's threads left by an epoch that stopped early (its block prefetcher) end
     before Ray's shutdown, which one of them calling into Ray afterwards would turn into the
     process's end; the script then shuts Ray down and exits 0."""
-    before = ray_processes()
     script = PROJECT_ROOT / "tests" / "ray_cut_short.py"
-    run = subprocess.run(
+    run = subprocess.Popen(
         [sys.executable, str(script)],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
         env=isolated_env,
         cwd=PROJECT_ROOT,
-        timeout=300,
     )
-    output = run.stdout + run.stderr
+    watch = RayWatch(run)
+    output = _to_end(run, timeout=300)
     assert run.returncode == 0, output[-3000:]
-    cut = next(line for line in run.stdout.splitlines() if line.startswith("after the cut:"))
+    cut = next(line for line in output.splitlines() if line.startswith("after the cut:"))
     assert cut != "after the cut: []", "the cut left no thread: the check proves nothing"
-    assert "after end_threads: [] []" in run.stdout and "shut down" in run.stdout, output
-    assert not _gone(before)
+    assert "after end_threads: [] []" in output and "shut down" in output, output
+    assert not watch.left()
 
 
-def _decoding(before: set[int]) -> list[psutil.Process]:
+def _decoding(watch: RayWatch) -> list[psutil.Process]:
     """The run's Ray workers running a decode task now (named for it: ray::MapBatches(...)).
     Not idle ones: killing a worker before it is given a task only makes Ray start another."""
     found = []
-    for pid in ray_processes() - before:
+    for process in watch.now():
         try:
-            process = psutil.Process(pid)
             if process.cmdline()[0].startswith("ray::MapBatches"):
                 found.append(process)
         except (psutil.Error, IndexError):
@@ -168,7 +161,6 @@ def _decoding(before: set[int]) -> list[psutil.Process]:
 
 @pytest.mark.slow  # a train.py process and a Ray instance or cluster
 def test_a_killed_ray_worker_fails_the_run_in_one_line(tmp_path, cache, isolated_env):
-    before = ray_processes()
     # One batch a task: many short tasks, so that kills land on some while they decode.
     run = _train(
         tmp_path,
@@ -179,6 +171,7 @@ def test_a_killed_ray_worker_fails_the_run_in_one_line(tmp_path, cache, isolated
         "loader.images_per_task=2",
         "repeat=50",
     )
+    watch = RayWatch(run)
     lines = []
     try:
         for line in run.stdout:  # Ray takes 6 s to start here, minutes with the cores busy
@@ -190,7 +183,7 @@ def test_a_killed_ray_worker_fails_the_run_in_one_line(tmp_path, cache, isolated
         # killing, and a worker killed between two tasks is only replaced.
         killed = 0
         while run.poll() is None and time.monotonic() < deadline:
-            for worker in _decoding(before):
+            for worker in _decoding(watch):
                 with contextlib.suppress(psutil.Error):
                     worker.kill()
                     killed += 1
@@ -209,12 +202,11 @@ def test_a_killed_ray_worker_fails_the_run_in_one_line(tmp_path, cache, isolated
     assert "n_workers" in errors[0] and "loader.max_retries" in errors[0]
     assert "Traceback" not in output
     assert _results(tmp_path)["status"] == "FAILED" and _mlflow_status(isolated_env) == "FAILED"
-    assert not _gone(before), "Ray processes outlived the failed run"
+    assert not watch.left(), "Ray processes outlived the failed run"
 
 
 @pytest.mark.slow  # a train.py process and a Ray instance or cluster
 def test_an_address_that_does_not_answer_fails_the_run_in_one_line(tmp_path, cache, isolated_env):
-    before = ray_processes()
     address = f"127.0.0.1:{free_port()}"
     started = time.monotonic()
     run = _train(
@@ -225,6 +217,7 @@ def test_an_address_that_does_not_answer_fails_the_run_in_one_line(tmp_path, cac
         "batch_size=8",
         f"loader.address={address}",
     )
+    watch = RayWatch(run)
     output = _to_end(run, timeout=120)
     assert run.returncode == 1, output[-3000:]
     errors = [line for line in output.splitlines() if "[ERROR]" in line]
@@ -234,7 +227,7 @@ def test_an_address_that_does_not_answer_fails_the_run_in_one_line(tmp_path, cac
     assert time.monotonic() - started < 60  # refused in seconds, not after Ray's retries
     # Refused while getting ready, as a wrong data.root is: no MLflow run, results.json kept.
     assert _results(tmp_path)["status"] == "FAILED" and not _mlflow_runs(isolated_env)
-    assert not _gone(before, timeout=1.0)
+    assert not watch.noted and not watch.left(timeout=1.0)
 
 
 @pytest.fixture
