@@ -234,18 +234,17 @@ def test_in_48_mb_every_loader_is_refused_in_one_line_or_runs(
 
 
 @pytest.mark.slow
-def test_past_the_check_running_out_ends_in_one_line(
-    tmp_path, cache, isolated_env, default_size_root
-):
-    # 10 batches: uint8 loaders fit two of theirs (21.6 MiB) in 48 MB, and must meet the limit.
-    overrides = ("resource_check=false", "data.n_images=6000")
+def test_past_the_check_running_out_ends_in_one_line(tmp_path, cache, isolated_env):
+    # 10 batches of 120: uint8 loaders fit two of theirs (4.3 MiB) in 10 MB, and must meet the
+    # limit; float ones meet it at their first (13.7 MiB).
+    overrides = ("resource_check=false", "batch_size=120")
     command = sweep(tmp_path, cache, *overrides, f"loader={','.join(PROCESS)}")
-    output, status = in_small_shm("48m", command, isolated_env, timeout=400)
+    output, status = in_small_shm("10m", command, isolated_env, timeout=400)
     failed = errors(output)
     assert "Traceback" not in output
     assert sorted(failed) == PROCESS, output[-3000:]
     for line in failed.values():
-        assert "its workers ran out of shared memory for a batch: /dev/shm holds 48.0 MiB" in line
+        assert "its workers ran out of shared memory for a batch: /dev/shm holds 10.0 MiB" in line
         assert "docker run --shm-size=" in line
     assert status == 1
 
