@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import sys
 import threading
@@ -88,6 +89,7 @@ def _failed(remote_filepath: str, local_filepath: str, error: Exception) -> Stor
     worker that waits for a chunk another worker was fetching reads it there."""
     failure = error if isinstance(error, StorageError) else client.failed(remote_filepath, error)
     _quiet_closed_loop()
+    _quiet_unretrieved()
     with contextlib.suppress(OSError):
         (Path(local_filepath).parent / _FAILED).write_text(str(failure), encoding="utf-8")
     return failure
@@ -139,6 +141,24 @@ def _quiet_closed_loop() -> None:
 
     hook.quiet_closed_loop = True  # type: ignore[attr-defined]
     sys.excepthook = hook
+
+
+class _Unretrieved(logging.Filter):
+    """Drops asyncio's report of a chunk download's StorageError that no task awaited."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, StorageError)
+
+
+def _quiet_unretrieved() -> None:
+    """Once a download failed: LitData gathers several chunks' downloads in one asyncio task
+    (its async prefetch), which ends with the first failure; another that fails after it has
+    none to await it, and asyncio logs "Task exception was never retrieved" with a traceback
+    (after facebench's one line, now and then). The same failure, said once, is enough."""
+    says = logging.getLogger("asyncio")
+    if not any(isinstance(kept, _Unretrieved) for kept in says.filters):
+        says.addFilter(_Unretrieved())
 
 
 # Beside a job's chunks: a download that failed, in whichever worker made it.
