@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from facebench.data.synthetic import ensure_synthetic
 from facebench.host.pagecache import evict, resident_fraction, warm
 from facebench.loaders.shared import Batch
 from facebench.measure.meter import DeviceBusy, EpochMeter, EpochTimes
@@ -144,8 +145,10 @@ def test_max_batches_stops_the_epoch():
     assert result.times.batches == 3 and result.times.samples_seen == 48
 
 
-def test_cold_evicts_and_warm_reads_in(synthetic_root):
-    files = sorted(str(p) for p in (synthetic_root / "DigiFace1M").rglob("*.png"))[:40]
+def test_cold_evicts_and_warm_reads_in(tmp_path):
+    # Files of its own: another test reading the shared set would read them back in.
+    root = ensure_synthetic(tmp_path, n_images=120, seed=0, n_procs=1)
+    files = sorted(str(p) for p in (root / "DigiFace1M").rglob("*.png"))[:40]
     warm(files)
     assert resident_fraction(files) == pytest.approx(1.0)
     evict(files)
