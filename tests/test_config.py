@@ -32,12 +32,23 @@ def test_distance_of_reads_every_field() -> None:
 def test_the_relay_takes_every_field_as_an_option(monkeypatch: pytest.MonkeyPatch) -> None:
     started: list[Distance] = []
 
-    async def start(upstream: str, distance: Distance, port: int, ready: object) -> None:
+    async def start(args: object, distance: Distance) -> None:
         started.append(distance)  # in place of serving: what the relay would emulate
 
     monkeypatch.setattr(relay, "_main", start)
     relay.main(["--upstream=http://127.0.0.1:1", *Distance(**EACH).arguments()])
     assert started == [Distance(**EACH)]
+
+
+def test_a_tail_below_its_median_is_one_line_at_config_time(make_cfg) -> None:
+    bucket = ["storage=s3", "storage.url=s3://facebench/x", "storage.endpoint=http://127.0.0.1:1"]
+    with pytest.raises(ConfigError) as refused:
+        make_cfg(*bucket, "storage.latency_ms=20", "storage.latency_p99_ms=10")
+    assert str(refused.value) == (
+        "invalid config: storage.latency_p99_ms=10.0: below storage.latency_ms=20.0, the median; "
+        "give a 99th percentile at or above it, or 0 for a constant latency"
+    )
+    make_cfg(*bucket, "storage.latency_ms=20", "storage.latency_p99_ms=0")  # constant: fine
 
 
 @pytest.mark.parametrize("name", NAMES)

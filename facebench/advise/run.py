@@ -58,7 +58,7 @@ def advise(cfg: AdviseConfig) -> Advice:
     deadline = started + cfg.budget_s
     job = Job.start(cfg)
     # A bucket's distance, where storage.* asks for one: the relay runs for the whole of advise.
-    with emulated(cfg.storage, cache_dir(cfg.data.cache_dir)) as via:
+    with emulated(cfg.storage, cache_dir(cfg.data.cache_dir), cfg.seed) as via:
         return _advise(cfg, job, started, deadline, counts, via)
 
 

@@ -8,6 +8,7 @@ May import: errors (and nothing else of facebench's: every layer stands on this 
 from facebench.config.checks import typed
 from facebench.config.choices import (
     Amp,
+    Answers,
     CacheMode,
     Crop,
     DataLayout,
@@ -36,6 +37,7 @@ __all__ = [
     "AcceleratorConfig",
     "AdviseConfig",
     "Amp",
+    "Answers",
     "CacheMode",
     "CommonConfig",
     "Crop",

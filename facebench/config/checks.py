@@ -126,6 +126,12 @@ def _storage_problems(storage: DictConfig | None) -> list[str]:
     for key in emulated:
         if storage.get(key) < 0:
             problems.append(f"storage.{key}={storage.get(key)}: must be 0 (off) or more")
+    p50, p99 = storage.get("latency_ms") or 0, storage.get("latency_p99_ms") or 0
+    if p99 > 0 and p99 < p50:
+        problems.append(
+            f"storage.latency_p99_ms={p99}: below storage.latency_ms={p50}, the median; give a "
+            "99th percentile at or above it, or 0 for a constant latency"
+        )
     return problems
 
 

@@ -52,6 +52,13 @@ class Sync(StrEnum):
     none = "none"  # the loop goes on while the step computes, a launch queue ahead
 
 
+class Answers(StrEnum):
+    """Who answers a request from a bucket at an emulated distance (storage.answers)."""
+
+    copy = "copy"  # the relay, from its copy of each object: the server costs the host nothing
+    endpoint = "endpoint"  # the endpoint, through the relay: to measure that server itself
+
+
 class Workers(StrEnum):
     """Where a loader's work runs (its traits), and loader.method's choice for those that
     offer one (nodes: process or thread)."""

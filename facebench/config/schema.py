@@ -17,6 +17,7 @@ from omegaconf import MISSING
 
 from facebench.config.choices import (
     Amp,
+    Answers,
     CacheMode,
     Crop,
     DataLayout,
@@ -120,7 +121,10 @@ class DistanceConfig:
     (storage=s3, s3-express) set them from published figures.
     """
 
-    latency_ms: float = 0.0  # before each response's first byte
+    latency_ms: float = 0.0  # before each response's first byte: its median
+    # Its 99th percentile: each request's latency is drawn from a log-normal fitted to the two
+    # (facebench/storage/latency.py); 0: every request waits latency_ms exactly.
+    latency_p99_ms: float = 0.0
     bandwidth_mbps: float = 0.0  # per connection, megabits a second
     total_mbps: float = 0.0  # the host's link, over all connections, megabits a second
     requests_per_s: float = 0.0  # past it, 503 SlowDown
@@ -160,6 +164,10 @@ class StorageConfig(DistanceConfig):
     # read the server as it answers. An https:// endpoint or AWS's own is never emulated: its
     # distance is real.
     emulate: bool = True
+    # At an emulated distance, who answers: the relay from its copy of each object (fetched
+    # once before any epoch, kept in data.cache_dir/bucket-copy/): a real bucket's servers cost
+    # the host nothing; or the endpoint itself, through the relay: to measure that server.
+    answers: Answers = Answers.copy
     # What the distance stands for, and where its numbers come from (the profile's YAML).
     distance_name: str = ""
     distance_source: str = ""

@@ -90,7 +90,7 @@ def run_ranks(
     }
     log.info("starting %d ranks on this host, one emulated accelerator each", ranks)
     # A bucket's emulated distance: one relay for the host, its limits shared by every rank.
-    with emulated(cfg.storage, cache_dir(cfg.data.cache_dir)) as via:
+    with emulated(cfg.storage, cache_dir(cfg.data.cache_dir), cfg.seed) as via:
         returncode = _launch(command, env | ({RELAY_ENV: via} if via else {}))
     path = output_dir / RESULTS
     if not path.is_file():

@@ -45,3 +45,18 @@ def credentials_source(profile: str = "") -> str:
             "prints its keys: python -m facebench.storage.server status)"
         )
     return str(found.method)
+
+
+def keys(profile: str = "") -> dict[str, str]:
+    """The credentials the chain finds, as the environment names them, for a process of the
+    job's own that must check signatures made with them (the relay); never logged."""
+    import botocore.session
+
+    found = botocore.session.Session(profile=profile or None).get_credentials()
+    if found is None:
+        credentials_source(profile)  # says what is missing, in one line
+    frozen = found.get_frozen_credentials()
+    named = {"AWS_ACCESS_KEY_ID": frozen.access_key, "AWS_SECRET_ACCESS_KEY": frozen.secret_key}
+    if frozen.token:
+        named["AWS_SESSION_TOKEN"] = frozen.token
+    return named

@@ -24,7 +24,10 @@ from typing import Any
 
 from facebench.config import DistanceConfig
 from facebench.errors import StorageError
+from facebench.fetches import percentile_ms
 from facebench.host.children import Child, spawn
+from facebench.storage.address import parse
+from facebench.storage.credentials import keys
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +56,11 @@ class Distance(DistanceConfig):
         return [f"--{option(name)}={getattr(self, name)}" for name in FIELDS]
 
     def describe(self) -> str:
-        """'20 ms, 100 Mbit/s a connection, 3,500 requests/s' (what is on)."""
+        """'20 ms (p99 100 ms), 100 Mbit/s a connection, 3,500 requests/s' (what is on)."""
         parts = []
-        if self.latency_ms:
-            parts.append(f"{self.latency_ms:g} ms")
+        if self.latency_ms or self.latency_p99_ms:
+            tail = f" (p99 {self.latency_p99_ms:g} ms)" if self.latency_p99_ms else ""
+            parts.append(f"{self.latency_ms:g} ms{tail}")
         if self.bandwidth_mbps:
             parts.append(f"{self.bandwidth_mbps:g} Mbit/s a connection")
         if self.total_mbps:
@@ -81,10 +85,12 @@ _LISTENING = re.compile(r"listening on (\d+)")
 
 
 @contextmanager
-def emulated(storage: Any, folder: Path) -> Iterator[str]:
+def emulated(storage: Any, folder: Path, seed: int = 0) -> Iterator[str]:
     """The job's relay in front of storage.endpoint, where storage.* asks for a distance: its
-    address (empty where none is asked for). It dies with the job, however the job ends; its
-    output goes to a log in `folder`, removed at the end unless the relay failed."""
+    address (empty where none is asked for). With storage.answers=copy, the bucket's copy in
+    folder/bucket-copy/ is made current first (bucket_copy.py), outside every epoch. The relay
+    dies with the job, however the job ends; its output goes to a log in `folder`, removed at
+    the end unless the relay failed. `seed` seeds its drawn latencies."""
     distance = Distance.of(storage)
     if storage.name == "local" or not distance.any or not storage.emulate:
         yield ""
@@ -104,20 +110,38 @@ def emulated(storage: Any, folder: Path) -> Iterator[str]:
     log_path = folder / f"distance-relay-{os.getpid()}.log"
     log_path.unlink(missing_ok=True)
     command = [
-        sys.executable, "-m", "facebench.storage.relay",
-        f"--upstream={storage.endpoint}", *distance.arguments(),
+        sys.executable, "-m", "facebench.storage.relay", f"--upstream={storage.endpoint}",
+        f"--seed={seed}", *distance.arguments(),
     ]  # fmt: skip
-    relay = spawn(command, log_path=log_path)
+    env = dict(os.environ)
+    if storage.answers == "copy":
+        copy_folder = _take_copy(storage, folder)
+        command.append(f"--copy={copy_folder}")
+        env.update(keys(storage.profile))  # to check signatures; never on a command line
+    relay = spawn(command, log_path=log_path, env=env)
     try:
         port = _port_of(log_path, relay)
         log.info(
-            "emulating the bucket's distance (%s) with a relay at 127.0.0.1:%d in front of %s",
-            describe(storage), port, storage.endpoint,
+            "emulating the bucket's distance (%s) with a relay at 127.0.0.1:%d in front of %s, "
+            "answering from %s", describe(storage), port, storage.endpoint,
+            "its copy" if storage.answers == "copy" else "the endpoint",
         )  # fmt: skip
         yield f"http://127.0.0.1:{port}"
     finally:
         relay.end()
     log_path.unlink(missing_ok=True)
+
+
+def _take_copy(storage: Any, folder: Path) -> Path:
+    """The copy of every object under storage.url, made current through the endpoint itself."""
+    from facebench.storage.bucket_copy import refresh
+    from facebench.storage.client import Endpoint, configure
+
+    copy_folder = folder / "bucket-copy" / re.sub(r"[^\w.-]", "_", storage.endpoint[7:])
+    configure(Endpoint.of(storage))  # the endpoint, not the relay: the job sets its own after
+    found = refresh(parse(storage.url), copy_folder)
+    log.info("the emulated bucket's copy: %s", found.describe(copy_folder))
+    return copy_folder
 
 
 def in_effect(storage: Any, via: str) -> Distance:
@@ -132,28 +156,46 @@ def describe(storage: Any) -> str:
     return f"{storage.distance_name}: {limits}" if storage.distance_name else limits
 
 
-def snapshot(via: str) -> dict[str, float]:
-    """The relay's counters so far (since it started): relayed, refused, endpoint_s, late,
-    cpu_s, alive_s."""
+def snapshot(via: str) -> dict[str, Any]:
+    """The relay's counters so far (since it started): requests answered (from its copy, from
+    the endpoint), refused, late, the endpoint's time, its CPU, and the latencies it drew and
+    gave (fetches.py's buckets)."""
     with urllib.request.urlopen(f"{via}/__relay", timeout=5) as answer:
-        return {name: float(value) for name, value in json.loads(answer.read()).items()}
+        return json.loads(answer.read())
 
 
-def counters(via: str, since: dict[str, float] | None = None) -> dict[str, float]:
-    """What the job's relay relayed and refused (503 SlowDown), since `since` (a snapshot) or
-    its start, as the run's metrics: requests, 503s, the endpoint's mean time to answer, the
-    share it answered after the emulated latency, and the relay's own CPU (a share of its one
-    core)."""
-    now = snapshot(via)
-    found = {name: value - (since or {}).get(name, 0.0) for name, value in now.items()}
-    relayed = max(1.0, found["relayed"])
-    return {
-        "storage_relay_requests": found["relayed"],
-        "storage_relay_503s": found["refused"],
-        "storage_relay_endpoint_ms": 1000 * found["endpoint_s"] / relayed,
-        "storage_relay_late_frac": found["late"] / relayed,
+def counters(via: str, since: dict[str, Any] | None = None) -> dict[str, float]:
+    """What the job's relay did since `since` (a snapshot) or its start, as the run's metrics:
+    requests and 503s, the share the endpoint answered (not the copy) and its mean time, the
+    share answered late (after the drawn latency: the endpoint's answer, or the relay's own
+    CPU, set the time), the relay's CPU (a share of its one core), and the latencies drawn
+    (the profile's, as emulated) beside those given (the first bytes as they left)."""
+    now, before = snapshot(via), since or {}
+    found = {name: _less(value, before.get(name)) for name, value in now.items()}
+    answered = max(1, found["answered"])
+    metrics = {
+        "storage_relay_requests": float(found["answered"]),
+        "storage_relay_503s": float(found["refused"]),
+        "storage_relay_endpoint_frac": found["from_endpoint"] / answered,
+        "storage_relay_late_frac": found["late"] / answered,
         "storage_relay_cpu_frac": found["cpu_s"] / max(1e-9, found["alive_s"]),
+        "storage_emulated_mean_ms": 1000 * found["drawn_s"] / answered,
+        "storage_relay_ttfb_mean_ms": 1000 * found["given_s"] / answered,
     }
+    if found["from_endpoint"]:
+        metrics["storage_relay_endpoint_ms"] = 1000 * found["endpoint_s"] / found["from_endpoint"]
+    for share in (50, 99):
+        value = percentile_ms(found["drawn"], share / 100)
+        if value is not None:
+            metrics[f"storage_emulated_p{share}_ms"] = value
+    return metrics
+
+
+def _less(value: Any, earlier: Any) -> Any:
+    """A counter's growth since a snapshot: a number's, or each bucket's of a histogram."""
+    if isinstance(value, list):
+        return [now - then for now, then in zip(value, earlier or [0] * len(value), strict=True)]
+    return value - (earlier or 0)
 
 
 def _port_of(log_path: Path, relay: Child) -> int:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from facebench.fetches import requests_in_flight
 from facebench.host.resources import worker_cores
+from facebench.stage_metrics import WORKER_STAGES
 from facebench.storage.distance import Distance
 
 BUSY = 0.75  # workers busy this share of their cores' time or more: bound by their CPU
@@ -27,10 +28,18 @@ LATE = 0.5  # this share of answers after the emulated latency: the endpoint set
 @dataclass(frozen=True)
 class Limit:
     """A limit that held a run back: a short name with its numbers ("latency: 16 in flight of
-    42 ms"), and the whole of it, with what raises it."""
+    42 ms"), the whole of it, with what raises it, and its kind (one of KINDS)."""
 
     short: str
     detail: str
+    kind: str = "the distance"
+
+
+# What can hold a run from a bucket back, as the run's storage_held_by tag names it.
+KINDS = (
+    "the request rate", "the host's link", "the relay", "the endpoint", "the distance",
+    "the client's CPU", "the decode", "the transform", "the collate",
+)  # fmt: skip
 
 
 def holding_back(
@@ -71,17 +80,20 @@ def _shared_limit(metrics: Mapping[str, float], per_s: float, distance: Distance
     if distance.requests_per_s and (refused or per_s >= NEAR * distance.requests_per_s):
         said = f"the request rate: {per_s:,.0f} of {distance.requests_per_s:,.0f} requests/s"
         return Limit(
-            said, f"{said}, the most the prefix allows ({refused:,.0f} answered 503 SlowDown)"
+            said,
+            f"{said}, the most the prefix allows ({refused:,.0f} answered 503 SlowDown)",
+            "the request rate",
         )
     mbit = 8 * metrics.get("storage_mb_per_s", 0.0)
     if distance.total_mbps and mbit >= NEAR * distance.total_mbps:
         said = f"the host's link: {mbit:,.0f} of its {distance.total_mbps:,.0f} Mbit/s"
-        return Limit(said, said)
+        return Limit(said, said, "the host's link")
     if metrics.get("storage_relay_cpu_frac", 0.0) >= NEAR:
         return Limit(
             "the relay emulating the distance",
             "the relay emulating the distance (it kept its one core busy): the loader may be "
             "faster than this says",
+            "the relay",
         )
     return None
 
@@ -89,14 +101,28 @@ def _shared_limit(metrics: Mapping[str, float], per_s: float, distance: Distance
 def _waited_for(
     metrics: Mapping[str, float], per_s: float, per_request: float, distance: Distance
 ) -> Limit | None:
-    """What idle workers waited for: the endpoint, a connection's bandwidth, or latency."""
-    if distance.latency_ms and metrics.get("storage_relay_late_frac", 0.0) >= LATE:
+    """What idle workers waited for: the endpoint, the relay, a connection's bandwidth, or
+    latency."""
+    late = metrics.get("storage_relay_late_frac", 0.0)
+    if (
+        distance.latency_ms
+        and late >= LATE
+        and metrics.get("storage_relay_endpoint_frac", 1) >= LATE
+    ):
         return Limit(
             "the endpoint itself",
-            f"the endpoint itself: it answered {metrics['storage_relay_late_frac']:.0%} of the "
-            f"requests after the emulated {distance.latency_ms:g} ms (in "
-            f"{metrics.get('storage_relay_endpoint_ms', 0.0):,.0f} ms on average): this "
-            "measures the server here more than the distance",
+            f"the endpoint itself: it answered {late:.0%} of the requests after the emulated "
+            f"latency (in {metrics.get('storage_relay_endpoint_ms', 0.0):,.0f} ms on average): "
+            "this measures the server here more than the distance",
+            "the endpoint",
+        )
+    if distance.latency_ms and late >= LATE:  # answered from the copy, after their time
+        return Limit(
+            "the relay emulating the distance",
+            f"the relay emulating the distance: {late:.0%} of its answers left after their "
+            "emulated time, its one core shared with the loader's: the loader may be faster "
+            "than this says",
+            "the relay",
         )
     size_mb = mb_per_request(metrics)
     transfer_ms = 8 * size_mb / distance.bandwidth_mbps * 1000 if distance.bandwidth_mbps else 0
@@ -124,6 +150,27 @@ def _waited_for(
         "and storage.requests_per_worker for loaders that read each image) or more images a "
         "request (shards) raise it",
     )
+
+
+def held_by(
+    metrics: Mapping[str, float],
+    images_per_s: float,
+    distance: Distance,
+    workers: int,
+    cores: int,
+    ranks: int = 1,
+) -> str | None:
+    """Which of KINDS held a run from a bucket: a storage limit (holding_back), or, where its
+    workers were the bound, their costliest stage (the read stage's CPU is the client's); None
+    where the run read no bucket or its workers are not broken down."""
+    limit = holding_back(metrics, images_per_s, distance, workers, cores, ranks)
+    if limit is not None:
+        return limit.kind
+    stages = {name: metrics.get(f"stage_{name}_cpu_us") for name in WORKER_STAGES}
+    if not images_per_request(metrics) or None in stages.values():
+        return None
+    costliest = max(stages, key=lambda name: stages[name] or 0.0)
+    return "the client's CPU" if costliest == "read" else f"the {costliest}"
 
 
 def hosts_allowed(

@@ -54,6 +54,17 @@ def read(url: str) -> bytes:
         raise _boto_failure(url, error, configured()) from None
 
 
+def get_with_headers(address: Address) -> tuple[bytes, dict[str, str]]:
+    """An object whole, and the headers its GET answered with (names lower-cased, as boto3
+    gives them)."""
+    try:
+        answer = make("boto").get_object(Bucket=address.bucket, Key=address.key)
+        data = answer["Body"].read()
+    except _boto_errors() as error:
+        raise _boto_failure(str(address), error, configured()) from None
+    return data, dict(answer["ResponseMetadata"]["HTTPHeaders"])
+
+
 def head(url: str) -> dict[str, Any] | None:
     """An object's size, ETag and user metadata; None if there is none at the address."""
     address = parse(url)

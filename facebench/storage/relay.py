@@ -1,25 +1,27 @@
-"""The distance's relay: an asyncio HTTP relay in front of a plain http:// S3 endpoint that
-holds each response's first byte back, paces bodies and refuses requests past a rate
-(facebench/storage/distance.py says what the distance is and starts this for a job).
+"""The distance's relay: an emulated bucket in front of a plain http:// S3 endpoint. It holds each
+response's first byte back by the bucket's latency, paces bodies, and refuses requests past a
+rate (facebench/storage/distance.py says what the distance is and starts this for a job).
 
-    python -m facebench.storage.relay --upstream http://127.0.0.1:8090 --latency-ms 20
-      -> relays 127.0.0.1:<port> to the endpoint; prints "listening on <port>"
+    python -m facebench.storage.relay --upstream http://127.0.0.1:8090 --latency-ms 20 \\
+        --latency-p99-ms 100 --copy .cache/bucket-copy/127.0.0.1_8090
+      -> serves 127.0.0.1:<port>; prints "listening on <port>"
 
 Per request, in order:
 
-- past `requests_per_s` (a token bucket a second deep), a request is answered 503 SlowDown as
-  S3 answers on a hot prefix, without reaching the endpoint (one with a body, on a connection
-  that then closes);
-- otherwise it is sent on, and the response's first byte leaves `latency_ms` after the request
-  arrived (or as soon as the endpoint answers, if that is later): the time to first byte;
+- past `requests_per_s` (a token bucket a second deep), it is answered 503 SlowDown as S3
+  answers on a hot prefix (one with a body, on a connection that then closes);
+- a GET or HEAD of an object in the copy (relay_copy.py), signed with the job's keys, is
+  answered from the copy: the endpoint never sees it, as a real bucket's servers cost the host
+  nothing; anything else goes to the endpoint (relay_upstream.py), which answers as it does;
+- the response's first byte leaves a drawn latency after the request arrived (latency.py: the
+  profile's median and tail; from the endpoint, or when it answers, if that is later: then the
+  answer is "late", and the endpoint, not the distance, set the time);
 - the body follows at `bandwidth_mbps` per connection and `total_mbps` over all of them.
 
-`GET /__relay` is answered by the relay itself: what it has relayed and refused so far, as JSON
-(clients that retry 503s inside themselves, as the CRT client does, hide them from the job; the
-relay counts every one).
-
-The request goes on unchanged, its Host header included, so S3 signatures made for the relay's
-address still verify at the endpoint (which signs what it receives).
+Without --copy, every request goes to the endpoint (storage.answers=endpoint: to measure a
+server itself). `GET /__relay` is answered by the relay itself with its counters, as JSON.
+Connections idle for `--idle-s` are closed; past `--max-connections`, a new one is answered 503.
+Credentials come in the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), never argv.
 """
 
 from __future__ import annotations
@@ -27,153 +29,227 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
+from pathlib import Path
 
+import h11
+
+from facebench.fetches import BUCKETS, bucket
+from facebench.storage.bucket_copy import BucketCopy
 from facebench.storage.distance import FIELDS, Distance, option
+from facebench.storage.latency import Latency
+from facebench.storage.relay_copy import CopyAnswers
 from facebench.storage.relay_http import (
-    Message,
     Pace,
+    Peer,
+    bad_gateway,
     bytes_per_s,
-    read_message,
-    relay_body,
+    error_answer,
+    made_headers,
     slow_down,
 )
+from facebench.storage.relay_upstream import EndpointFailed, Upstream
 
-COUNTERS_REQUEST = b"GET /__relay "
-_HEAD_LIMIT = 64 * 2**10  # the most a request's or response's head may take
+COUNTERS_TARGET = b"/__relay"
+_HEAD_LIMIT = 64 * 2**10  # the most a request's head may take
+_LATE_S = 0.001  # a first byte this much after its time is late
+_WRITES = (b"PUT", b"POST", b"DELETE")
 
 
 class Relay:
-    """The relay's state: the endpoint, the distance, the shared limits, and what it relayed."""
+    """The relay's state: the endpoint, the distance, the copy, the limits, and its counters."""
 
-    def __init__(self, host: str, port: int, distance: Distance) -> None:
-        self.host = host
-        self.port = port
+    def __init__(
+        self,
+        endpoint: tuple[str, int],
+        distance: Distance,
+        latency: Latency,
+        copy: CopyAnswers | None,
+        idle_s: float = 60.0,
+        max_connections: int = 1024,
+    ) -> None:
+        self.endpoint = endpoint
         self.distance = distance
+        self.latency = latency
+        self.copy = copy
+        self.idle_s = idle_s
+        self.max_connections = max_connections
         rate = distance.requests_per_s
         self.requests = Pace(rate, rate) if rate else None
         link = bytes_per_s(distance.total_mbps)
         self.link = Pace(link, link / 10) if link else None  # a tenth of a second of burst
-        self.relayed = 0
-        self.refused = 0
-        # How long the endpoint took to answer (request sent -> response head), and how many it
-        # answered after the emulated latency had passed: then the endpoint, not the distance,
-        # set the time (the local server on a busy machine).
-        self.endpoint_s = 0.0
-        self.late = 0
+        self.connections = 0
+        self.counts = dict.fromkeys(
+            ("answered", "from_copy", "from_endpoint", "refused", "late", "failed"), 0
+        )
+        self.endpoint_s = 0.0  # the endpoint's time to answer, over those it answered
+        self.drawn = [0] * BUCKETS  # the latencies drawn, and what the clients met (ns buckets)
+        self.given = [0] * BUCKETS
+        self.drawn_s = self.given_s = 0.0
         self.started = time.monotonic()
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One client connection, request after request, over one endpoint connection."""
-        upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
-        per_connection = bytes_per_s(self.distance.bandwidth_mbps)
-        pace = Pace(per_connection, per_connection / 10) if per_connection else None
-        try:
-            while True:
-                request = await read_message(reader, request=True)
-                if request is None:
-                    return
-                if request.head.startswith(COUNTERS_REQUEST):
-                    writer.write(self._counters())
-                    await writer.drain()
-                    continue
-                arrived = time.monotonic()
-                if self.requests is not None and not self.requests.take(1):
-                    self.refused += 1
-                    await self._after_latency(arrived)
-                    # A body not read (an upload's) would be taken for the next request: the
-                    # connection ends with the answer, as a server that refuses it early does.
-                    with_body = request.chunked or request.length != 0
-                    writer.write(slow_down(closing=with_body))
-                    await writer.drain()
-                    if with_body:
-                        return
-                    continue
-                reused = upstream is not None
-                sent = time.monotonic()
-                if upstream is None:
-                    upstream = await asyncio.open_connection(self.host, self.port)
-                response = await self._forward(request, reader, upstream)
-                if response is None and reused and request.length == 0:
-                    # The endpoint had closed the idle connection: a request without a body
-                    # is sent again on a new one, as a client would.
-                    upstream[1].close()
-                    upstream = await asyncio.open_connection(self.host, self.port)
-                    response = await self._forward(request, reader, upstream)
-                if response is None:
-                    return
-                up_reader = upstream[0]
-                answered = time.monotonic()
-                self.endpoint_s += answered - sent
-                if self.distance.latency_ms:  # with none emulated, nothing is late
-                    self.late += answered > arrived + self.distance.latency_ms / 1000
-                await self._after_latency(arrived)
-                writer.write(response.head)
-                await relay_body(response, up_reader, writer, pace, self.link)
-                self.relayed += 1
-                if request.closes or response.closes:
-                    return
-        except (ConnectionError, asyncio.IncompleteReadError):
+        """One client connection, request after request, until it closes or idles."""
+        client = Peer(reader, writer, h11.SERVER)
+        if self.connections >= self.max_connections:
+            said = f"too many connections: the relay holds {self.max_connections} at most"
+            full = error_answer(503, "Service Unavailable", "ServiceUnavailable", said, True)
+            await _answer(client, *full, [])
+            client.close()
             return
-        finally:
-            for stream in (writer, upstream[1] if upstream else None):
-                if stream is not None:
-                    stream.close()
-
-    async def _forward(
-        self,
-        request: Message,
-        reader: asyncio.StreamReader,
-        upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-    ) -> Message | None:
-        """Send the request on; the response's head (None: the connection was closed)."""
-        up_reader, up_writer = upstream
+        self.connections += 1
+        upstream = Upstream(*self.endpoint)
+        per_connection = bytes_per_s(self.distance.bandwidth_mbps)
+        pace = [Pace(per_connection, per_connection / 10) if per_connection else None, self.link]
         try:
-            up_writer.write(request.head)
-            await relay_body(request, reader, up_writer, None, None)
-            return await read_message(up_reader, request=False, method=request.method)
-        except ConnectionError:
-            return None
+            while isinstance(event := await client.next_event(self.idle_s), h11.Request):
+                if not await self._one(client, event, upstream, pace):
+                    return
+                if client.h11.states != {h11.CLIENT: h11.DONE, h11.SERVER: h11.DONE}:
+                    return
+                client.h11.start_next_cycle()
+        except (OSError, TimeoutError, h11.ProtocolError):
+            return  # idle past its time, gone, or not HTTP: the connection ends
+        finally:
+            self.connections -= 1
+            upstream.close()
+            client.close()
 
-    def _counters(self) -> bytes:
-        body = json.dumps(
+    async def _one(
+        self, client: Peer, request: h11.Request, upstream: Upstream, pace: list[Pace | None]
+    ) -> bool:
+        """Answer one request; whether its connection may carry another."""
+        arrived = time.monotonic()
+        if request.target == COUNTERS_TARGET:
+            await _answer(client, 200, "OK", made_headers([("content-type", "application/json")]),
+                          self.counters(), [])  # fmt: skip
+            return True
+        headers: dict[str, list[str]] = {}
+        for name, value in request.headers:
+            headers.setdefault(name.decode("latin-1"), []).append(value.decode("latin-1"))
+        bodyless = "transfer-encoding" not in headers and headers.get("content-length", ["0"]) == [
+            "0"
+        ]
+        if bodyless:  # its end is there already: the request is whole
+            await client.next_event()
+        drawn = self.latency.draw_s()
+        due = arrived + drawn
+        if self.requests is not None and not self.requests.take(1):
+            self.counts["refused"] += 1
+            await _until(due)
+            # A body left unread would be taken for the next request: the connection ends.
+            await _answer(client, *slow_down(closing=not bodyless), pace)
+            return bodyless
+        answer = self.copy.answer(request.method, request.target, headers) if self.copy else None
+        if answer is not None and bodyless:
+            await _until(due)
+            self._note(arrived, drawn, time.monotonic() - due > _LATE_S, "from_copy")
+            await _answer(client, answer.status, answer.reason, answer.headers, answer.body, pace)
+            return True
+        return await self._from_endpoint(client, request, headers, upstream, pace, arrived, drawn)
+
+    async def _from_endpoint(
+        self, client: Peer, request: h11.Request, headers: dict[str, list[str]],
+        upstream: Upstream, pace: list[Pace | None], arrived: float, drawn: float,
+    ) -> bool:  # fmt: skip
+        if self.copy is not None and request.method in _WRITES:
+            self.copy.forget(request.target)
+        try:
+            response = await upstream.forward(client, request)
+        except EndpointFailed as failed:
+            self.counts["failed"] += 1
+            await _answer(client, *bad_gateway(_address(self.endpoint), str(failed)), [])
+            return False
+        answered = time.monotonic()
+        self.endpoint_s += answered - arrived
+        await _until(arrived + drawn)
+        self._note(arrived, drawn, answered > arrived + drawn + _LATE_S, "from_endpoint")
+        await client.send(
+            h11.Response(status_code=response.status_code, reason=response.reason,
+                         headers=response.headers.raw_items())
+        )  # fmt: skip
+        listing = b"list-type=" in request.target and request.method == b"GET"
+        try:
+            body = await upstream.relay_body(client, pace, keep=listing)
+        except EndpointFailed:
+            return False  # the head is sent: the client sees its body cut short
+        if listing and self.copy is not None:
+            self.copy.keep_listing(
+                request.target, headers, response.status_code, response.headers.raw_items(), body
+            )
+        return True
+
+    def _note(self, arrived: float, drawn: float, late: bool, source: str) -> None:
+        """A request answered: where from, its drawn latency, when its first byte left."""
+        given = time.monotonic() - arrived
+        self.counts["answered"] += 1
+        self.counts[source] += 1
+        self.counts["late"] += late
+        self.drawn[bucket(int(drawn * 1e9))] += 1
+        self.given[bucket(int(given * 1e9))] += 1
+        self.drawn_s += drawn
+        self.given_s += given
+
+    def counters(self) -> bytes:
+        """Everything counted since the start, as JSON (distance.counters reads it)."""
+        return json.dumps(
             {
-                "relayed": self.relayed,
-                "refused": self.refused,
+                **self.counts,
                 "endpoint_s": self.endpoint_s,
-                "late": self.late,
+                "drawn": self.drawn,
+                "given": self.given,
+                "drawn_s": self.drawn_s,
+                "given_s": self.given_s,
                 # Its own CPU time over its lifetime: near 1 (one core, asyncio's one thread),
                 # the relay itself was the bound.
                 "cpu_s": time.process_time(),
                 "alive_s": time.monotonic() - self.started,
             }
         ).encode()
-        return (
-            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
-            + str(len(body)).encode()
-            + b"\r\n\r\n"
-            + body
-        )
-
-    async def _after_latency(self, arrived: float) -> None:
-        wait = arrived + self.distance.latency_ms / 1000 - time.monotonic()
-        if wait > 0:
-            await asyncio.sleep(wait)
 
 
-async def _main(upstream: str, distance: Distance, port: int, ready: asyncio.Event | None) -> None:
-    if not upstream.startswith("http://"):
-        raise SystemExit(f"{upstream}: only a plain http:// endpoint can be relayed")
-    host, _, upstream_port = upstream.removeprefix("http://").rstrip("/").partition(":")
-    relay = Relay(host, int(upstream_port or 80), distance)
-    server = await asyncio.start_server(relay.serve, "127.0.0.1", port, limit=_HEAD_LIMIT)
-    bound = server.sockets[0].getsockname()[1]
+async def _answer(
+    client: Peer, status: int, reason: str, headers: list, body: bytes | None, pace: list
+) -> None:
+    """A response the relay makes (from its copy, or its own), head then paced body."""
+    if body is not None and not any(name.lower() == b"content-length" for name, _ in headers):
+        headers = [*headers, (b"content-length", str(len(body)).encode())]
+    await client.send(h11.Response(status_code=status, reason=reason, headers=headers))
+    if body is None:
+        await client.send(h11.EndOfMessage())
+    else:
+        await client.send_body(body, pace)
+
+
+async def _until(moment: float) -> None:
+    wait = moment - time.monotonic()
+    if wait > 0:
+        await asyncio.sleep(wait)
+
+
+def _address(endpoint: tuple[str, int]) -> str:
+    return f"{endpoint[0]}:{endpoint[1]}"
+
+
+async def _main(args: argparse.Namespace, distance: Distance) -> None:
+    if not args.upstream.startswith("http://"):
+        raise SystemExit(f"{args.upstream}: only a plain http:// endpoint can be relayed")
+    host, _, port = args.upstream.removeprefix("http://").rstrip("/").partition(":")
+    copy = None
+    if args.copy:
+        keys = {
+            os.environ.get("AWS_ACCESS_KEY_ID", ""): os.environ.get("AWS_SECRET_ACCESS_KEY", "")
+        }
+        copy = CopyAnswers(BucketCopy.load(Path(args.copy)), {k: v for k, v in keys.items() if k})
+    latency = Latency(distance.latency_ms, distance.latency_p99_ms, args.seed)
+    relay = Relay((host, int(port or 80)), distance, latency, copy, args.idle_s,
+                  args.max_connections)  # fmt: skip
+    server = await asyncio.start_server(relay.serve, "127.0.0.1", args.port, limit=_HEAD_LIMIT)
     # Not a log line: the job reads the port from it (distance._port_of), on stdout as the spawn
     # sends it there, and logging may be configured away.
-    print(f"listening on {bound}", flush=True)
-    if ready is not None:
-        ready.set()
+    print(f"listening on {server.sockets[0].getsockname()[1]}", flush=True)
     async with server:
         await server.serve_forever()
 
@@ -182,12 +258,16 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--upstream", required=True, help="the endpoint: http://host:port")
     parser.add_argument("--port", type=int, default=0, help="where to listen (0: a free port)")
+    parser.add_argument("--copy", default="", help="the bucket's copy (bucket_copy.py)")
+    parser.add_argument("--seed", type=int, default=0, help="for the drawn latencies")
+    parser.add_argument("--idle-s", type=float, default=60.0)
+    parser.add_argument("--max-connections", type=int, default=1024)
     for name in FIELDS:  # Distance.arguments() writes these
         parser.add_argument(f"--{option(name)}", type=float, default=0.0)
     args = parser.parse_args(argv)
     distance = Distance(**{name: getattr(args, name) for name in FIELDS})
     try:
-        asyncio.run(_main(args.upstream, distance, args.port, None))
+        asyncio.run(_main(args, distance))
     except KeyboardInterrupt:
         sys.exit(130)
 

@@ -1,16 +1,27 @@
-"""HTTP/1.1 as the distance's relay (facebench/storage/relay.py) needs it: a message's head read
-for how its body is framed, the body passed on as framed and paced, and S3's 503 SlowDown.
+"""HTTP/1.1 for the distance's relay (facebench/storage/relay.py), through h11: reading a peer's
+next event with a deadline, sending events, pacing bodies, and the answers the relay makes
+itself (503 SlowDown, 502 when the endpoint fails, its counters).
 
-A relay, not a server: it parses no more than framing needs, and passes every byte on unchanged.
+h11 (the sans-I/O HTTP/1.1 state machine under httpx and uvicorn) frames every message by the
+RFC: informational 1xx responses (an upload's `100 Continue`) before the final one, bodies
+framed by length, by chunks or by the connection's end, and malformed framing raised as a
+protocol error rather than read past. Pure Python, it keeps the relay's copy path to parsing
+one request and writing one response; aiohttp would bring a server and client of its own that
+set headers themselves, where a relay must pass the endpoint's on unchanged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
+import secrets
 import time
-from dataclasses import dataclass
+from xml.sax.saxutils import escape
 
-CHUNK = 64 * 2**10  # bytes relayed at a time, and the unit bandwidth is paced in
+import h11
+
+CHUNK = 64 * 2**10  # bytes sent at a time, and the unit bandwidth is paced in
+READ = 64 * 2**10  # bytes read from a socket at a time
 _SLOW_DOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code><Message>Please reduce '
     b"your request rate.</Message></Error>"
@@ -50,98 +61,79 @@ def bytes_per_s(mbps: float) -> float:
     return mbps * 1e6 / 8
 
 
-@dataclass
-class Message:
-    head: bytes
-    method: str  # the request's (a response: the request's it answers)
-    length: int | None  # Content-Length; None: chunked, or to the connection's end
-    chunked: bool
-    closes: bool  # Connection: close
-    bodyless: bool  # a HEAD's response, 1xx, 204, 304: no body whatever the headers say
+class Peer:
+    """One side of a relayed exchange: a socket's streams and h11's state for it."""
 
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, role: type[h11.Sentinel]
+    ) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.h11 = h11.Connection(role)
 
-async def read_message(
-    reader: asyncio.StreamReader, request: bool, method: str = ""
-) -> Message | None:
-    """A request's or response's head, parsed for how its body is framed; None at a clean end
-    of the connection."""
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.IncompleteReadError as error:
-        if error.partial:
-            raise
-        return None
-    except asyncio.LimitOverrunError:
-        raise ConnectionError("a message head over the relay's limit") from None
-    lines = head.decode("latin-1").split("\r\n")
-    first = lines[0].split(" ")
-    headers = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        if name:
-            headers[name.strip().lower()] = value.strip()
-    length = headers.get("content-length")
-    chunked = "chunked" in headers.get("transfer-encoding", "").lower()
-    if request:
-        method = first[0]
-        bodyless = False
-        length_value: int | None = int(length) if length else (None if chunked else 0)
-    else:
-        status = int(first[1]) if len(first) > 1 and first[1].isdigit() else 0
-        bodyless = method == "HEAD" or status < 200 or status in (204, 304)
-        length_value = int(length) if length else None
-    closes = headers.get("connection", "").lower() == "close"
-    return Message(head, method, length_value, chunked, closes, bodyless)
-
-
-async def relay_body(
-    message: Message,
-    source: asyncio.StreamReader,
-    sink: asyncio.StreamWriter,
-    pace: Pace | None,
-    link: Pace | None,
-) -> None:
-    """The message's body, as framed, from source to sink, paced where limits are given."""
-
-    async def send(data: bytes) -> None:
-        wait = max(
-            pace.wait_for(len(data)) if pace else 0.0, link.wait_for(len(data)) if link else 0.0
-        )
-        if wait:
-            await asyncio.sleep(wait)
-        sink.write(data)
-        await sink.drain()
-
-    if message.bodyless:
-        return
-    if message.chunked:
+    async def next_event(self, timeout_s: float | None = None) -> h11.Event | type[h11.Sentinel]:
+        """The peer's next event, reading as needed; asyncio.TimeoutError past timeout_s with
+        nothing complete; h11.RemoteProtocolError for malformed HTTP."""
         while True:
-            size_line = await source.readuntil(b"\r\n")
-            size = int(size_line.split(b";")[0].strip(), 16)
-            await send(size_line)
-            if size == 0:  # the last chunk, then trailers up to an empty line
-                while True:
-                    trailer = await source.readuntil(b"\r\n")
-                    await send(trailer)
-                    if trailer == b"\r\n":
-                        return
-            await send(await source.readexactly(size + 2))
-    elif message.length is not None:
-        left = message.length
-        while left:
-            data = await source.readexactly(min(CHUNK, left))
-            left -= len(data)
-            await send(data)
-    else:  # a response framed by the connection's end
-        while data := await source.read(CHUNK):
-            await send(data)
+            event = self.h11.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            data = await asyncio.wait_for(self.reader.read(READ), timeout_s)
+            self.h11.receive_data(data)  # b"": the peer closed; h11 says what that ends
+
+    async def send(self, event: h11.Event, pace: list[Pace | None] | None = None) -> None:
+        """Send one event; a body's data paced by each of `pace` that is set."""
+        data = self.h11.send(event)
+        if data is None:  # h11.ConnectionClosed
+            return
+        if pace and isinstance(event, h11.Data):
+            wait = max(bucket.wait_for(len(data)) if bucket else 0.0 for bucket in pace)
+            if wait:
+                await asyncio.sleep(wait)
+        self.writer.write(data)
+        await self.writer.drain()
+
+    async def send_body(self, body: bytes, pace: list[Pace | None]) -> None:
+        for start in range(0, len(body), CHUNK):
+            await self.send(h11.Data(data=body[start : start + CHUNK]), pace)
+        await self.send(h11.EndOfMessage())
+
+    def close(self) -> None:
+        self.writer.close()
 
 
-def slow_down(closing: bool) -> bytes:
-    return (
-        b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: "
-        + str(len(_SLOW_DOWN)).encode()
-        + (b"\r\nConnection: close" if closing else b"")
-        + b"\r\nRetry-After: 1\r\n\r\n"
-        + _SLOW_DOWN
+def made_headers(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    """Headers of an answer the relay makes: these, with a date and a request id of its own."""
+    own = [
+        ("date", email.utils.formatdate(usegmt=True)),
+        ("x-amz-request-id", secrets.token_hex(8).upper()),
+    ]
+    return [(name.encode(), value.encode("latin-1")) for name, value in [*headers, *own]]
+
+
+def error_answer(status: int, reason: str, code: str, message: str, closing: bool) -> tuple:
+    """An S3-style error (status, reason, headers, XML body) the relay answers itself."""
+    body = (
+        _SLOW_DOWN
+        if code == "SlowDown"
+        else (
+            f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>'
+            f"{escape(message)}</Message></Error>"
+        ).encode()
     )
+    headers = [("content-type", "application/xml"), ("content-length", str(len(body)))]
+    if code == "SlowDown":
+        headers.append(("retry-after", "1"))
+    if closing:
+        headers.append(("connection", "close"))
+    return status, reason, made_headers(headers), body
+
+
+def slow_down(closing: bool) -> tuple:
+    return error_answer(503, "Slow Down", "SlowDown", "", closing)
+
+
+def bad_gateway(endpoint: str, why: str) -> tuple:
+    """The endpoint failed before it answered: refused, reset, or malformed HTTP."""
+    message = f"the endpoint {endpoint} did not answer the relay: {why}"
+    return error_answer(502, "Bad Gateway", "BadGateway", message, closing=True)
