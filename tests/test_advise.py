@@ -11,8 +11,9 @@ from facebench.advise import Advice, Measured, advise, shortfall, worker_counts
 from facebench.errors import ConfigError
 from facebench.fetches import Fetches
 from facebench.host.paths import PROJECT_ROOT
+from facebench.storage.bounds import Bounds
 from facebench.storage.distance import Distance
-from facebench.storage.limits import holding_back
+from facebench.storage.limits import client_cpu_us, held_by, holding_back
 
 
 def _advice(*measured: Measured, ceiling: float = 1000.0) -> Advice:
@@ -389,6 +390,47 @@ def test_the_limit_a_bucket_run_meets_first(distance, metrics, limit):
     assert found is not None and found.short.startswith(limit)
     # Local files: no storage limit at all.
     assert holding_back({"stage_worker_cpu_us": 900.0}, 380.0, distance, 2, 2) is None
+
+
+def test_a_rate_is_held_to_the_bounds_its_own_requests_allow():
+    # 380 GETs a second of 42 ms each: 16 in flight, which at the emulated 20 ms allow 798.
+    run = _from_bucket(6000, 6000, 42.0, 100.0, storage_emulated_mean_ms=20.0)
+    bounds = Bounds.of(run, Distance(latency_ms=20, requests_per_s=5500))
+    assert bounds.distance == pytest.approx(380 * 0.042 / 0.020)
+    assert bounds.request_rate == 5500  # one image a request
+    assert not bounds.beyond(380.0) and not bounds.beyond(850.0)
+    # A steady rate its epoch's requests could not have fed: the window missed the reads.
+    assert bounds.beyond(117_888.0)
+    # Shards: 100 images a GET of 4 MB at 700 Mbit/s (46 ms) after 20 ms, 2 in flight.
+    shards = _from_bucket(60, 6000, 66.0, 240.0, 30.0, storage_emulated_mean_ms=20.0)
+    found = Bounds.of(shards, Distance(latency_ms=20, bandwidth_mbps=700, requests_per_s=5500))
+    in_flight = 30 * 0.066
+    assert found.distance == pytest.approx(in_flight / (0.020 + 4e6 * 8 / 700e6) * 100)
+    assert found.request_rate == 550_000
+    assert Bounds.of({"samples_seen": 10.0}, Distance(latency_ms=20)) is None  # local files
+
+
+def test_what_held_a_bucket_run_is_named():
+    stages = {"stage_read_cpu_us": 20.0, "stage_decode_cpu_us": 500.0,
+              "stage_transform_cpu_us": 300.0, "stage_collate_cpu_us": 80.0}  # fmt: skip
+    run = _from_bucket(6000, 6000, 42.0, 100.0, **stages)
+    # Idle workers, waiting on 16 GETs in flight: the distance.
+    idle = {**run, "stage_worker_cpu_us": 1000.0}
+    assert held_by(idle, 380.0, Distance(latency_ms=20), 2, 2) == "the distance"
+    # Busy: 380 x 4.9 ms is 1.9 cores of 2. The client's threads took 4 ms an image outside
+    # every stage (the CRT client's event loop): the client's CPU, not the decode.
+    client = {**run, "stage_worker_cpu_us": 4900.0}
+    assert client_cpu_us(client) == pytest.approx(20.0 + 4000.0)
+    assert held_by(client, 380.0, Distance(latency_ms=20), 2, 2) == "the client's CPU"
+    decode = {**run, "stage_worker_cpu_us": 4900.0, "stage_decode_cpu_us": 4400.0}
+    assert held_by(decode, 380.0, Distance(latency_ms=20), 2, 2) == "the decode"
+    # Answered late: by the endpoint (relayed), or by the relay itself (from its copy).
+    late = {**idle, "storage_relay_late_frac": 0.8}
+    endpoint = {**late, "storage_relay_endpoint_frac": 1.0}
+    assert held_by(endpoint, 380.0, Distance(latency_ms=20), 2, 2) == "the endpoint"
+    copy = {**late, "storage_relay_endpoint_frac": 0.0}
+    assert held_by(copy, 380.0, Distance(latency_ms=20), 2, 2) == "the relay"
+    assert held_by({"stage_worker_cpu_us": 1.0}, 380.0, Distance(), 2, 2) is None  # local
 
 
 def test_no_storage_limit_is_named_where_it_cannot_be_told():

@@ -21,6 +21,7 @@ from facebench.run.runner import run_training
 from facebench.storage import client, objects, server
 from facebench.storage.address import parse
 from facebench.storage.distance import Distance, counters, emulated
+from facebench.storage.limits import KINDS
 
 pytest.importorskip("swift", reason="the local object server needs pip install -e '.[s3server]'")
 
@@ -128,8 +129,19 @@ def test_a_job_reads_through_the_relay_and_says_so(
     epoch = recorded["epochs"][0]
     assert epoch["storage_requests"] == 120
     assert epoch["storage_ttfb_p50_ms"] >= 30
-    assert recorded["metrics"]["storage_relay_requests"] >= 120  # the epoch's GETs, relayed
-    assert recorded["metrics"]["storage_relay_503s"] == 0
+    metrics = recorded["metrics"]
+    assert metrics["storage_relay_requests"] >= 120  # the epoch's GETs, relayed
+    assert metrics["storage_relay_503s"] == 0
+    # From the relay's copy: the endpoint answered none of the epoch's GETs, each first byte
+    # left when its emulated 30 ms had passed.
+    assert metrics["storage_relay_endpoint_frac"] == 0
+    assert metrics["storage_emulated_mean_ms"] == pytest.approx(30.0)
+    assert metrics["storage_emulated_p50_ms"] == pytest.approx(30.0, rel=0.2)  # its bucket
+    # Its rate within the bounds its own requests allow, and what held it named.
+    assert metrics["storage_beyond_bounds"] == 0
+    assert metrics["images_per_s"] <= metrics["storage_bound_distance_images_per_s"]
+    assert metrics["storage_client_ms_per_get"] > 0
+    assert recorded["tags"]["storage_held_by"] in KINDS
 
 
 def test_a_latency_bound_loader_feeds_the_accelerator_what_its_requests_in_flight_allow(

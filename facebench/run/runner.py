@@ -20,16 +20,15 @@ from facebench.config import TrainConfig
 from facebench.data.job_data import JobData, list_data
 from facebench.errors import Interrupted, TrackingLost, interruption
 from facebench.host.paths import cache_dir
-from facebench.host.resources import usable_cores
 from facebench.loaders.shared import LoaderContext
 from facebench.loaders.spec import LoaderSpec
 from facebench.results import TRACKING_LOGGED, TRACKING_LOST, JobResults, now_ms
 from facebench.run import per_host
 from facebench.run.finish import batches_held
+from facebench.run.from_bucket import say_from_bucket
 from facebench.run.job import Job
 from facebench.run.measurement import measure, summarise
-from facebench.storage.distance import Distance, counters, emulated, in_effect, snapshot
-from facebench.storage.limits import holding_back
+from facebench.storage.distance import counters, emulated, in_effect, snapshot
 from facebench.tracking.store import tracking_uri, ui_command
 from facebench.tracking.tracker import UPLOAD_COMMAND, Tracker
 
@@ -118,7 +117,7 @@ def _get_ready(cfg: TrainConfig, job: Job, results: JobResults, service: ExitSta
         loader = loaders.get(cfg.loader.name)
         loader.check_storage(cfg.storage.name, f"loader={cfg.loader.name}")
         # A bucket's distance, where asked for: the relay runs for the whole job.
-        via = service.enter_context(emulated(cfg.storage, cache_dir(cfg.data.cache_dir)))
+        via = service.enter_context(emulated(cfg.storage, cache_dir(cfg.data.cache_dir), cfg.seed))
         data = list_data(cfg, job.world, via)
         results.metrics.update(data.metrics())
         results.tags.update(data.storage_tags)
@@ -227,41 +226,14 @@ def _run(cfg: TrainConfig, job: Job, tracker: Tracker, results: JobResults, read
     # The limits are the emulated ones where a relay ran; a real bucket's are unknown here.
     emulated_distance = in_effect(cfg.storage, ready.via)
     if job.world.is_main:  # the job's metrics, merged over its ranks: said once
-        _say_storage_limit(cfg, job, emulated_distance, metrics, results, tracker)
+        ranks = job.world.world_size
+        say_from_bucket(cfg, ranks, emulated_distance, metrics, results, tracker)
     label = stages.dominant_label(metrics)
     if label:  # the runs table shows where the workers' time went
         results.tags["dominant_stage"] = label
         tracker.set_tags({"dominant_stage": label})
     if data.skipped:
         log.warning("on_bad_sample=skip: %d samples were left out (samples_skipped)", data.skipped)
-
-
-# Below this share of the epoch waiting for batches, the loop (the model, the device) set the pace.
-NOT_WAITING = 0.1
-
-
-def _say_storage_limit(
-    cfg: TrainConfig,
-    job: Job,
-    distance: Distance,
-    metrics: dict[str, float],
-    results: JobResults,
-    tracker: Tracker,
-) -> None:
-    """From a bucket: the limit that held the loader back (latency, bandwidth, the request
-    rate, the endpoint or the relay), logged and tagged, so that no run blames its loader for
-    the storage's limit or the emulation's own."""
-    if metrics.get("au_pass"):  # the emulated accelerators were fed: they set the pace
-        return
-    if metrics.get("data_wait_frac", 1.0) < NOT_WAITING:  # the model set the pace, not the data
-        return
-    ranks = job.world.world_size  # the job's rate is every rank's, and so are its workers
-    rate = metrics.get("steady_images_per_s", metrics.get("images_per_s", 0.0))
-    limit = holding_back(metrics, rate, distance, cfg.n_workers * ranks, usable_cores(), ranks)
-    if limit is not None:
-        log.info("from the bucket, held back by %s", limit.detail)
-        results.tags["storage_limit"] = limit.short
-        tracker.set_tags({"storage_limit": limit.short})
 
 
 def data_label(cfg: TrainConfig, root: Path | str, n_samples: int) -> str:

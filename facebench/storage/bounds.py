@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from facebench.fetches import requests_in_flight
 from facebench.storage.distance import Distance
-from facebench.storage.limits import images_per_request, mb_per_request
+from facebench.storage.limits import client_cpu_us, images_per_request, mb_per_request
 
 BEYOND = 1.15  # a rate this far above its lowest bound is a measurement error
 
@@ -46,8 +46,7 @@ class Bounds:
         rate = distance.requests_per_s * per_request
         mb_per_image = size_mb / per_request
         link = distance.total_mbps / 8 / mb_per_image if distance.total_mbps and mb_per_image else 0
-        read_us = metrics.get("stage_read_cpu_us", 0.0)
-        return cls(near, rate, link, read_us * per_request / 1000)
+        return cls(near, rate, link, client_cpu_us(metrics) * per_request / 1000)
 
     @property
     def lowest(self) -> float:

@@ -169,8 +169,18 @@ def held_by(
     stages = {name: metrics.get(f"stage_{name}_cpu_us") for name in WORKER_STAGES}
     if not images_per_request(metrics) or None in stages.values():
         return None
+    stages["read"] = client_cpu_us(metrics)
     costliest = max(stages, key=lambda name: stages[name] or 0.0)
     return "the client's CPU" if costliest == "read" else f"the {costliest}"
+
+
+def client_cpu_us(metrics: Mapping[str, float]) -> float:
+    """The S3 client's CPU per image: its read stage's, and the workers' CPU outside every
+    stage, which is the client's own threads' (the CRT client's event loop, the GET pool's,
+    LitData's downloader), not the stage thread's."""
+    stages = sum(metrics.get(f"stage_{name}_cpu_us", 0.0) for name in WORKER_STAGES)
+    outside = max(0.0, metrics.get("stage_worker_cpu_us", 0.0) - stages)
+    return metrics.get("stage_read_cpu_us", 0.0) + outside
 
 
 def hosts_allowed(

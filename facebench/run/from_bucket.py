@@ -1,0 +1,80 @@
+"""What a run from a bucket says at its end: the bounds its rate could not pass, which limit held
+it, and, where its rate passed a bound, that the measurement, not the loader, is at fault.
+
+    say_from_bucket(cfg, world_size, distance, metrics, results, tracker)   # rank 0, once
+
+The bounds (storage/bounds.py) and the limit (storage/limits.py) come from the job's own
+metrics, merged over its ranks, and the distance its requests met (none for a real bucket,
+whose limits are unknown here: only the client's CPU per GET is said then).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from facebench.config import TrainConfig
+from facebench.host.resources import usable_cores
+from facebench.results import JobResults
+from facebench.storage.bounds import Bounds
+from facebench.storage.distance import Distance
+from facebench.storage.limits import held_by, holding_back
+from facebench.tracking.tracker import Tracker
+
+log = logging.getLogger(__name__)
+
+# Below this share of the epoch waiting for batches, the loop (the model, the device) set the pace.
+NOT_WAITING = 0.1
+
+
+def say_from_bucket(
+    cfg: TrainConfig,
+    ranks: int,
+    distance: Distance,
+    metrics: dict[str, float],
+    results: JobResults,
+    tracker: Tracker,
+) -> None:
+    """Log, record and tag a bucket run's bounds and what held it (its metrics gain the bounds
+    and storage_beyond_bounds; its tags storage_held_by and storage_limit)."""
+    bounds = Bounds.of(metrics, distance)
+    if bounds is None:  # local files
+        return
+    rate = metrics.get("steady_images_per_s", metrics.get("images_per_s", 0.0))
+    found = {**bounds.metrics(), "storage_beyond_bounds": float(bounds.beyond(rate))}
+    metrics.update(found)
+    tracker.log_metrics(found)
+    if bounds.beyond(rate):
+        log.warning(
+            "from the bucket: %s images/s measured, above the %s images/s its own requests "
+            "allow (%s): a measurement error (the timed window left out reads it depended on), "
+            "not a rate to compare", f"{rate:,.0f}", f"{bounds.lowest:,.0f}", _said(bounds),
+        )  # fmt: skip
+    elif bounds.lowest:
+        log.info("from the bucket, bounds: %s", _said(bounds))
+    if metrics.get("au_pass"):  # the emulated accelerators were fed: they set the pace
+        return
+    if metrics.get("data_wait_frac", 1.0) < NOT_WAITING:  # the model set the pace, not the data
+        return
+    workers = cfg.n_workers * ranks  # the job's rate is every rank's, and so are its workers
+    kind = held_by(metrics, rate, distance, workers, usable_cores(), ranks)
+    if kind is not None:
+        results.tags["storage_held_by"] = kind
+        tracker.set_tags({"storage_held_by": kind})
+    limit = holding_back(metrics, rate, distance, workers, usable_cores(), ranks)
+    if limit is not None:
+        log.info("from the bucket, held back by %s", limit.detail)
+        results.tags["storage_limit"] = limit.short
+        tracker.set_tags({"storage_limit": limit.short})
+
+
+def _said(bounds: Bounds) -> str:
+    parts = []
+    if bounds.distance:
+        parts.append(f"the distance {bounds.distance:,.0f} images/s")
+    if bounds.request_rate:
+        parts.append(f"the request rate {bounds.request_rate:,.0f}")
+    if bounds.link:
+        parts.append(f"the host's link {bounds.link:,.0f}")
+    if bounds.client_ms_per_get:
+        parts.append(f"the client's CPU {bounds.client_ms_per_get:.2f} ms a GET")
+    return ", ".join(parts)
