@@ -103,6 +103,12 @@ def test_the_batches_made_at_the_start_are_warm_up_and_too_few_after_them_give_n
     rounds = _timed([1.5] + [0.0001] * 4 + [0.5] + [0.0001] * 4, step_s=0.0, in_flight=5)
     assert rounds.warmup_batches == 5 and rounds.steady_measured
     assert rounds.metrics()["steady_images_per_s"] == pytest.approx(5 * 16 / (0.5 + 4 * 0.0001))
+    # The rate a caller takes: the steady one where measured; else the whole epoch's, never the
+    # moment between two batches made before the first arrived (advise once chose a loader on
+    # "128,851 images/s" from a bucket, two batches of 600).
+    assert rounds.rate == rounds.steady_images_per_s
+    assert together.rate == together.images_per_s == pytest.approx(10 * 16 / (1.5 + 9 * 0.0001))
+    assert together.steady_images_per_s > 100 * together.rate  # what was once taken
 
 
 def test_the_default_run_has_no_steady_rate_and_its_log_line_does_not_mention_one(caplog):

@@ -18,7 +18,8 @@ from facebench.loaders.spec import LoaderSpec
 from facebench.run.epoch import EpochSettings, run_epoch
 from facebench.run.job import Job
 from facebench.shards.manifest import Manifest
-from facebench.storage.distance import counters, snapshot
+from facebench.storage.bounds import Bounds
+from facebench.storage.distance import Distance, counters, snapshot
 
 SHM_NOTE = "shared memory too small"  # how a skip for /dev/shm starts, in the table
 log = logging.getLogger("facebench.advise")
@@ -88,9 +89,11 @@ def measure_loader(
     deadline: float,
     ceiling: float,
     via: str = "",
+    distance: Distance | None = None,
 ) -> Measured:
     """Shards first (timed apart), then the host-side rate at more and more workers; `via`:
-    the relay emulating the bucket's distance, whose counters each measurement reads."""
+    the relay emulating the bucket's `distance`, whose counters each measurement reads."""
+    distance = distance or Distance()
     measured = Measured(name)
     cfg = with_loader(cfg, name, model="none", host_only=True)
     spec = loaders.get(name)
@@ -116,7 +119,10 @@ def measure_loader(
                 f"{room.describe()}"
             )
             break
-        _measure_once(measured, spec, replace(ctx, n_workers=workers), job, per_run, via)
+        _measure_once(measured, spec, replace(ctx, n_workers=workers), job, per_run, via, distance)
+        if workers not in measured.rates:
+            log.warning("%s: %s", name, measured.note)
+            break
         log.info(
             "%s, n_workers=%d: %.0f images/s (host side)", name, workers, measured.rates[workers]
         )
@@ -126,9 +132,16 @@ def measure_loader(
 
 
 def _measure_once(
-    measured: Measured, spec: LoaderSpec, sized: LoaderContext, job: Job, run_s: float, via: str
+    measured: Measured,
+    spec: LoaderSpec,
+    sized: LoaderContext,
+    job: Job,
+    run_s: float,
+    via: str,
+    distance: Distance,
 ) -> None:
-    """One host-side run of `run_s` at sized.n_workers, recorded in `measured`."""
+    """One host-side run of `run_s` at sized.n_workers, recorded in `measured` unless its rate
+    passed the bounds of the bucket's distance (then a note says so)."""
     workers = sized.n_workers
     settings = EpochSettings(
         job.device,
@@ -142,12 +155,20 @@ def _measure_once(
         before = snapshot(via) if via else {}
         result = run_epoch(functools.partial(spec.build, sized), None, settings)
         relayed = counters(via, before) if via else {}
-    measured.rates[workers] = result.times.steady_images_per_s
-    measured.first_batch_s[workers] = result.times.time_to_first_batch_s
     # Its stages, its GETs (from a bucket) and the images they brought: what held it back.
-    measured.stages[workers] = (
-        result.stages | relayed | {"samples_seen": float(result.times.samples_seen)}
-    )
+    metrics = result.stages | relayed | {"samples_seen": float(result.times.samples_seen)}
+    rate = result.times.rate
+    bounds = Bounds.of(metrics, distance) if via else None
+    if bounds is not None and bounds.beyond(rate):
+        # Faster than its own requests allow: the window missed reads it depended on.
+        measured.note = (
+            f"n_workers={workers} measured {rate:,.0f} images/s, above the {bounds.lowest:,.0f} "
+            "its requests allow: a measurement error, not used"
+        )
+        return
+    measured.rates[workers] = rate
+    measured.first_batch_s[workers] = result.times.time_to_first_batch_s
+    measured.stages[workers] = metrics
 
 
 def shortfall(

@@ -21,8 +21,7 @@ from facebench.errors import ConfigError, FacebenchError
 from facebench.host.paths import PROJECT_ROOT, cache_dir
 from facebench.host.resources import allowance
 from facebench.run.job import Job
-from facebench.storage import distance
-from facebench.storage.distance import emulated, in_effect
+from facebench.storage.distance import Distance, describe, emulated, in_effect
 from facebench.tracking.store import REPORTS_EXPERIMENT
 from facebench.tracking.tracker import Tracker
 
@@ -82,7 +81,10 @@ def _advise(
         ceiling.note(),
     )
     names = cfg.loaders or loaders.names(real_only=True)
-    measured = _each_loader(names, cfg, job, data, counts, deadline, ceiling.images_per_s, via)
+    near = in_effect(cfg.storage, via)
+    measured = _each_loader(
+        names, cfg, job, data, counts, deadline, ceiling.images_per_s, via, near
+    )
     return Advice(
         counts=counts,
         model=str(cfg.model),
@@ -99,7 +101,7 @@ def _advise(
         accelerator_name=job.accelerator.name if job.accelerator else "",
         accelerator_host_cpu=job.accelerator.host_cpu if job.accelerator else 1.0,
         storage=_storage_said(cfg, via),
-        distance=in_effect(cfg.storage, via),
+        distance=near,
         requests_per_worker=cfg.storage.requests_per_worker,
     )
 
@@ -109,7 +111,7 @@ def _storage_said(cfg: AdviseConfig, via: str) -> str:
     if cfg.storage.name != "s3":
         return ""
     if via:
-        return f"{cfg.storage.url}, at {distance.describe(cfg.storage)} (emulated)"
+        return f"{cfg.storage.url}, at {describe(cfg.storage)} (emulated)"
     return f"{cfg.storage.url}, at {cfg.storage.endpoint or 'AWS'} as it answers"
 
 
@@ -153,8 +155,10 @@ def _each_loader(
     deadline: float,
     ceiling: float,
     via: str,
+    distance: Distance,
 ) -> list[Measured]:
-    """Each loader in turn, in an equal share of the time left."""
+    """Each loader in turn, in an equal share of the time left, at the bucket's `distance`
+    where one is emulated."""
     measured = []
     for index, name in enumerate(names):
         share = (deadline - time.perf_counter()) / (len(names) - index)
@@ -166,7 +170,9 @@ def _each_loader(
             continue
         try:
             end = time.perf_counter() + share
-            measured.append(measure_loader(name, cfg, job, data, counts, end, ceiling, via))
+            measured.append(
+                measure_loader(name, cfg, job, data, counts, end, ceiling, via, distance)
+            )
         except FacebenchError as error:
             measured.append(Measured(name, note=f"failed: {error}"))
     return measured

@@ -72,6 +72,14 @@ class EpochTimes:
         """Whether enough batches came after the warm-up to report a steady rate."""
         return self.batches - self.warmup_batches >= MIN_STEADY_BATCHES
 
+    @property
+    def rate(self) -> float:
+        """The steady rate where enough batches came after the warm-up; else the whole epoch's,
+        its start-up and the reads its first batches waited for included. Never the few batches
+        after a warm-up that fetched them all (2 batches of 600 from a bucket: "128,851
+        images/s", the gap between two batches made before the first arrived)."""
+        return self.steady_images_per_s if self.steady_measured else self.images_per_s
+
     def metrics(self) -> dict[str, float]:
         steady = {"steady_images_per_s": self.steady_images_per_s} if self.steady_measured else {}
         return {
