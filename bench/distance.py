@@ -122,7 +122,7 @@ def main() -> None:
     details = (
         f"{n:,} GETs of a 20 kB object ({min(n, 1000):,} for the rate row) from one process, "
         "16 in flight (CRT client), then 200 one at a time for the first byte; one GET of "
-        f"{LARGE / 1e6:g} MB for the bandwidth row (the pace allows a tenth of a second of burst); "
+        f"{LARGE / 1e6:g} MB for the bandwidth row (paced a 64 kB chunk at a time); "
         "the local server, the relay and the client on the same two cores; nothing else ran"
     )
     body = markdown(header, rows)

@@ -15,7 +15,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,8 @@ from facebench.run.runner import run_training
 from facebench.shards.manifest import Manifest
 from facebench.storage import client, objects, server
 from facebench.storage.address import Address, parse, path_style
+from facebench.storage.bounds import Bounds
+from facebench.storage.distance import Distance, counters, emulated, snapshot
 from facebench.storage.sync import MANIFEST, upload_tree
 from tests.helpers import (
     CLOSE,
@@ -250,6 +253,38 @@ def test_folder_layout_from_a_bucket(
     assert [r.label for r in remote.records] == [r.label for r in local.records]
 
 
+@contextmanager
+def at_s3_standard(cfg, folder: Path) -> Iterator[Callable]:
+    """cfg's storage at S3 Standard's emulated distance (20 ms, p99 100 ms), answered from the
+    relay's copy: `epoch(spec, ctx)` reads an epoch through it, timed as a whole, and holds its
+    rate to the bounds its own requests allow; its batches and totals."""
+    with emulated(cfg.storage, folder) as via:
+        client.configure(client.Endpoint.of(cfg.storage, via))
+
+        def epoch(spec, ctx) -> tuple[list, stages.StageTotals]:
+            totals, batches = stages.begin_epoch(True), []
+            before, started = snapshot(via), time.perf_counter()
+            for batch in spec.build(ctx):
+                totals.add_batch(batch.stages)
+                batches.append(batch)
+            elapsed = time.perf_counter() - started
+            seen = sum(len(batch.labels) for batch in batches)
+            metrics = totals.metrics(seen, elapsed) | counters(via, before)
+            bounds = Bounds.of({**metrics, "samples_seen": seen}, Distance.of(cfg.storage))
+            assert bounds is not None and not bounds.beyond(seen / elapsed), (
+                bounds,
+                seen / elapsed,
+            )
+            # From the copy, but a listing's first pages (datapipe lists in its workers).
+            assert metrics["storage_relay_endpoint_frac"] < 0.05, metrics
+            return batches, totals
+
+        try:
+            yield epoch
+        finally:  # the server itself again, as each test starts (the relay ends here)
+            client.configure(client.Endpoint.of(cfg.storage))
+
+
 @pytest.mark.parametrize(("name", "n_workers"), BUCKET_CASES)
 def test_loader_reads_the_bucket_exactly_once(
     name: str,
@@ -259,21 +294,20 @@ def test_loader_reads_the_bucket_exactly_once(
     synthetic_root: Path,
     make_cfg,
     request: pytest.FixtureRequest,
+    tmp_path: Path,
 ) -> None:
+    """Every sample once, its pixels and label, one GET each, through S3 Standard's distance,
+    at a rate its requests could have fed."""
     if name == "raydata":  # Ray's tasks take the environment Ray started with: the credentials
         request.getfixturevalue("ray_with_this_environment")
     cfg = make_cfg(
-        f"loader={name}", f"n_workers={n_workers}", "loader.crop=center", *plain(s3, uploaded)
+        f"loader={name}", f"n_workers={n_workers}", "loader.crop=center", *s3.overrides(uploaded)
     )
-    client.configure(client.Endpoint.of(cfg.storage))
-    listing = list_bucket_usable(parse(uploaded), "raise", cache_dir(cfg.data.cache_dir))
-    spec = loaders.get(name)
-    ctx = loaders.context(cfg, spec, listing, torch.device("cpu"), None)
-    totals = stages.begin_epoch(True)
-    batches = []
-    for batch in spec.build(ctx):
-        totals.add_batch(batch.stages)
-        batches.append(batch)
+    with at_s3_standard(cfg, tmp_path) as epoch:
+        listing = list_bucket_usable(parse(uploaded), "raise", cache_dir(cfg.data.cache_dir))
+        spec = loaders.get(name)
+        ctx = loaders.context(cfg, spec, listing, torch.device("cpu"), None)
+        batches, totals = epoch(spec, ctx)
     seen = delivered(batches)
     assert sorted(seen) == list(range(len(listing.records)))  # every sample, once
     assert_same_samples(seen, expected(synthetic_root), atol=TOLERANCE if name in CLOSE else 1e-5)
@@ -296,6 +330,13 @@ def _bucket_ctx(make_cfg, s3: server.Running, url: str, name: str, *options: str
     return spec, loaders.context(cfg, spec, listing, torch.device("cpu"), None)
 
 
+def _bucket_cfg(make_cfg, s3: server.Running, url: str, name: str, *options: str):
+    return make_cfg(
+        f"loader={name}", *options, "n_workers=2", "batch_size=8", "loader.crop=center",
+        *s3.overrides(url),
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize(("name", "options", "shard_format"), SHARD_LOADERS)
 def test_shard_loader_reads_the_shards_uploaded_beside_the_data(
     name: str,
@@ -306,19 +347,20 @@ def test_shard_loader_reads_the_shards_uploaded_beside_the_data(
     synthetic_root: Path,
     make_cfg,
     prepare_here,
+    tmp_path: Path,
 ) -> None:
     prepare_here(*plain(s3, uploaded), f"format={shard_format}", "batch_size=8")
     shards = f"{uploaded}/facebench-shards/{shard_format}"
     manifest = Manifest.read(shards)
     assert manifest is not None and MANIFEST in listed(shards)  # the set's, and the upload's
-    spec, ctx = _bucket_ctx(make_cfg, s3, uploaded, name, *options)
-    assert ctx.shards_dir == shards
-    assert spec.set_up_job(ctx)["n_shards"] == len(manifest.shards)  # checked, not built
-    totals = stages.begin_epoch(True)
-    batches = []
-    for batch in spec.build(ctx):
-        totals.add_batch(batch.stages)
-        batches.append(batch)
+    cfg = _bucket_cfg(make_cfg, s3, uploaded, name, *options)
+    with at_s3_standard(cfg, tmp_path) as epoch:  # through S3 Standard's distance
+        listing = list_bucket_usable(parse(uploaded), "raise", cache_dir(cfg.data.cache_dir))
+        spec = loaders.get(name)
+        ctx = loaders.context(cfg, spec, listing, torch.device("cpu"), None)
+        assert ctx.shards_dir == shards
+        assert spec.set_up_job(ctx)["n_shards"] == len(manifest.shards)  # checked, not built
+        batches, totals = epoch(spec, ctx)
     seen = delivered(batches)  # fails on a repeated sample
     # 15 shards of 8 samples, a batch each; LitData deals its chunks and may drop a remainder
     # per worker.

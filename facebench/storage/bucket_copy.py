@@ -99,18 +99,26 @@ class BucketCopy:
     def find(self, bucket: str, key: str) -> Entry | None:
         return self.entries.get(f"{bucket}/{key}")
 
-    def read(self, entry: Entry, start: int = 0, stop: int | None = None) -> bytes | None:
-        """Bytes [start, stop) of the object; None where its file is gone or cut short (another
-        job's refresh replaced it): the request then goes to the endpoint."""
-        stop = entry.size if stop is None else stop
+    def open(self, entry: Entry) -> int | None:
+        """The object's file, open for reading (the caller closes it); None where the file is
+        gone or cut short (another job's refresh replaced it): the request then goes to the
+        endpoint."""
         try:
             fd = os.open(self.folder / _OBJECTS / entry.file, os.O_RDONLY)
         except OSError:
             return None
+        if os.fstat(fd).st_size != entry.size:
+            os.close(fd)
+            return None
+        return fd
+
+    def read(self, entry: Entry) -> bytes | None:
+        """The object's bytes, whole (None as for open)."""
+        fd = self.open(entry)
+        if fd is None:
+            return None
         try:
-            whole = os.fstat(fd).st_size == entry.size
-            data = os.pread(fd, stop - start, start)
-            return data if whole and len(data) == stop - start else None
+            return os.pread(fd, entry.size, 0)
         finally:
             os.close(fd)
 

@@ -42,19 +42,24 @@ from facebench.storage.distance import FIELDS, Distance, option
 from facebench.storage.latency import Latency
 from facebench.storage.relay_copy import CopyAnswers
 from facebench.storage.relay_http import (
+    CHUNK,
     Pace,
     Peer,
     bad_gateway,
     bytes_per_s,
     error_answer,
     made_headers,
+    send_answer,
     slow_down,
+    until,
 )
 from facebench.storage.relay_upstream import EndpointFailed, Upstream
 
 COUNTERS_TARGET = b"/__relay"
 _HEAD_LIMIT = 64 * 2**10  # the most a request's head may take
-_LATE_S = 0.001  # a first byte this much after its time is late
+# A first byte is late past its time by 2 ms or a twentieth of its latency, whichever is more:
+# within that, an event loop's wake-up, not the endpoint or the relay's CPU.
+_LATE_S, _LATE_SHARE = 0.002, 0.05
 _WRITES = (b"PUT", b"POST", b"DELETE")
 
 
@@ -79,7 +84,10 @@ class Relay:
         rate = distance.requests_per_s
         self.requests = Pace(rate, rate) if rate else None
         link = bytes_per_s(distance.total_mbps)
-        self.link = Pace(link, link / 10) if link else None  # a tenth of a second of burst
+        # Bodies paced a chunk at a time with no burst beyond it: a request's bytes take their
+        # size over the bandwidth (a tenth of a second's burst once let 24 MB through in 60%
+        # of that time, faster than the bound a run is held to).
+        self.link = Pace(link, CHUNK) if link else None
         self.connections = 0
         self.counts = dict.fromkeys(
             ("answered", "from_copy", "from_endpoint", "refused", "late", "failed"), 0
@@ -96,13 +104,13 @@ class Relay:
         if self.connections >= self.max_connections:
             said = f"too many connections: the relay holds {self.max_connections} at most"
             full = error_answer(503, "Service Unavailable", "ServiceUnavailable", said, True)
-            await _answer(client, *full, [])
+            await send_answer(client, *full, [])
             client.close()
             return
         self.connections += 1
         upstream = Upstream(*self.endpoint)
         per_connection = bytes_per_s(self.distance.bandwidth_mbps)
-        pace = [Pace(per_connection, per_connection / 10) if per_connection else None, self.link]
+        pace = [Pace(per_connection, CHUNK) if per_connection else None, self.link]
         try:
             while isinstance(event := await client.next_event(self.idle_s), h11.Request):
                 if not await self._one(client, event, upstream, pace):
@@ -123,8 +131,8 @@ class Relay:
         """Answer one request; whether its connection may carry another."""
         arrived = time.monotonic()
         if request.target == COUNTERS_TARGET:
-            await _answer(client, 200, "OK", made_headers([("content-type", "application/json")]),
-                          self.counters(), [])  # fmt: skip
+            json_head = made_headers([("content-type", "application/json")])
+            await send_answer(client, 200, "OK", json_head, self.counters(), [])
             return True
         headers: dict[str, list[str]] = {}
         for name, value in request.headers:
@@ -138,15 +146,17 @@ class Relay:
         due = arrived + drawn
         if self.requests is not None and not self.requests.take(1):
             self.counts["refused"] += 1
-            await _until(due)
+            await until(due)
             # A body left unread would be taken for the next request: the connection ends.
-            await _answer(client, *slow_down(closing=not bodyless), pace)
+            await send_answer(client, *slow_down(closing=not bodyless), pace)
             return bodyless
         answer = self.copy.answer(request.method, request.target, headers) if self.copy else None
         if answer is not None and bodyless:
-            await _until(due)
-            self._note(arrived, drawn, time.monotonic() - due > _LATE_S, "from_copy")
-            await _answer(client, answer.status, answer.reason, answer.headers, answer.body, pace)
+            await until(due)
+            self._note(arrived, drawn, _late(time.monotonic() - due, drawn), "from_copy")
+            await send_answer(
+                client, answer.status, answer.reason, answer.headers, answer.body, pace, answer.span
+            )
             return True
         return await self._from_endpoint(client, request, headers, upstream, pace, arrived, drawn)
 
@@ -160,12 +170,12 @@ class Relay:
             response = await upstream.forward(client, request)
         except EndpointFailed as failed:
             self.counts["failed"] += 1
-            await _answer(client, *bad_gateway(_address(self.endpoint), str(failed)), [])
+            await send_answer(client, *bad_gateway(_address(self.endpoint), str(failed)), [])
             return False
         answered = time.monotonic()
         self.endpoint_s += answered - arrived
-        await _until(arrived + drawn)
-        self._note(arrived, drawn, answered > arrived + drawn + _LATE_S, "from_endpoint")
+        await until(arrived + drawn)
+        self._note(arrived, drawn, _late(answered - arrived - drawn, drawn), "from_endpoint")
         await client.send(
             h11.Response(status_code=response.status_code, reason=response.reason,
                          headers=response.headers.raw_items())
@@ -210,23 +220,8 @@ class Relay:
         ).encode()
 
 
-async def _answer(
-    client: Peer, status: int, reason: str, headers: list, body: bytes | None, pace: list
-) -> None:
-    """A response the relay makes (from its copy, or its own), head then paced body."""
-    if body is not None and not any(name.lower() == b"content-length" for name, _ in headers):
-        headers = [*headers, (b"content-length", str(len(body)).encode())]
-    await client.send(h11.Response(status_code=status, reason=reason, headers=headers))
-    if body is None:
-        await client.send(h11.EndOfMessage())
-    else:
-        await client.send_body(body, pace)
-
-
-async def _until(moment: float) -> None:
-    wait = moment - time.monotonic()
-    if wait > 0:
-        await asyncio.sleep(wait)
+def _late(behind_s: float, drawn_s: float) -> bool:
+    return behind_s > max(_LATE_S, _LATE_SHARE * drawn_s)
 
 
 def _address(endpoint: tuple[str, int]) -> str:

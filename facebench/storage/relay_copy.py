@@ -11,6 +11,7 @@ the endpoint, and its answer, errors included, is the client's.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,12 +31,14 @@ _CHECKSUM = "x-amz-checksum-"
 
 @dataclass(frozen=True)
 class Answer:
-    """A response the relay makes: status, reason, headers, body (None: a HEAD's, no body)."""
+    """A response the relay makes: status, reason, headers, and its body: bytes, or a span of
+    an open file to send from (fd, start, stop; the sender closes it), or none (a HEAD's)."""
 
     status: int
     reason: str
     headers: list[tuple[bytes, bytes]]
     body: bytes | None
+    span: tuple[int, int, int] | None = None
 
 
 class CopyAnswers:
@@ -69,9 +72,11 @@ class CopyAnswers:
         if span is None:
             return None
         start, stop = span
-        body = self.copy.read(entry, start, stop) if method == b"GET" else b""
-        if body is None:  # its file went with another job's refresh
+        fd = self.copy.open(entry)
+        if fd is None:  # its file went with another job's refresh
             return None
+        if method != b"GET":
+            os.close(fd)
         kept = [(name, value) for name, value in entry.headers if name != "content-length"]
         if "range" in headers:
             # A part's answer: its own span, and no checksum of the whole (S3 gives none).
@@ -79,7 +84,9 @@ class CopyAnswers:
             kept += [("content-range", f"bytes {start}-{stop - 1}/{entry.size}")]
         kept += [("content-length", str(stop - start))]
         status, reason = (206, "Partial Content") if "range" in headers else (200, "OK")
-        return Answer(status, reason, made_headers(kept), body if method == b"GET" else None)
+        if method != b"GET":
+            return Answer(status, reason, made_headers(kept), None)
+        return Answer(status, reason, made_headers(kept), b"", (fd, start, stop))
 
     def keep_listing(
         self, target: bytes, headers: Mapping[str, Sequence[str]], status: int,

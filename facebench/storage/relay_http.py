@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import os
 import secrets
 import time
 from xml.sax.saxutils import escape
@@ -100,6 +101,41 @@ class Peer:
 
     def close(self) -> None:
         self.writer.close()
+
+
+async def send_answer(
+    client: Peer,
+    status: int,
+    reason: str,
+    headers: list,
+    body: bytes | None,
+    pace: list,
+    span: tuple[int, int, int] | None = None,
+) -> None:
+    """A response the relay makes (from its copy, or its own), head then paced body: `body`,
+    or the span of an open file (fd, start, stop), read a chunk at a time as it is sent."""
+    if body is not None and not any(name.lower() == b"content-length" for name, _ in headers):
+        headers = [*headers, (b"content-length", str(len(body)).encode())]
+    try:
+        await client.send(h11.Response(status_code=status, reason=reason, headers=headers))
+        if span is not None:
+            fd, start, stop = span
+            for at in range(start, stop, CHUNK):
+                await client.send(h11.Data(data=os.pread(fd, min(CHUNK, stop - at), at)), pace)
+            await client.send(h11.EndOfMessage())
+        elif body is None:
+            await client.send(h11.EndOfMessage())
+        else:
+            await client.send_body(body, pace)
+    finally:
+        if span is not None:
+            os.close(span[0])
+
+
+async def until(moment: float) -> None:
+    wait = moment - time.monotonic()
+    if wait > 0:
+        await asyncio.sleep(wait)
 
 
 def made_headers(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
