@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
 import pytest
 
 from facebench.advise import Advice, Measured, advise, shortfall, worker_counts
+from facebench.advise.from_bucket import what_it_takes
 from facebench.errors import ConfigError
 from facebench.fetches import Fetches
 from facebench.host.paths import PROJECT_ROOT
@@ -408,6 +410,27 @@ def test_a_rate_is_held_to_the_bounds_its_own_requests_allow():
     assert found.distance == pytest.approx(in_flight / (0.020 + 4e6 * 8 / 700e6) * 100)
     assert found.request_rate == 550_000
     assert Bounds.of({"samples_seen": 10.0}, Distance(latency_ms=20)) is None  # local files
+
+
+def test_advise_says_what_feeding_an_accelerator_from_the_bucket_takes():
+    per_image = Measured("dataset", rates={2: 380.0})
+    per_image.stages = {2: _from_bucket(6000, 6000, 42.0, 100.0, stage_read_cpu_us=20.0,
+                                        stage_worker_cpu_us=650.0)}  # fmt: skip
+    shards = Measured("pickle", rates={2: 1200.0}, shard_bytes=10**9)
+    shards.stages = {2: _from_bucket(60, 6000, 300.0, 240.0, 10.0)}  # 40 kB an image
+    s3 = Distance(latency_ms=20, latency_p99_ms=100, bandwidth_mbps=700, requests_per_s=5500)
+    said = what_it_takes(8064.0, s3, [per_image, shards])
+    mean_ms = 20 * math.exp((math.log(5) / 2.3263478740408408) ** 2 / 2)  # 25.4: the tail's
+    assert said.startswith(
+        f"From this bucket, an accelerator taking 8,064 images/s needs, by Little's law, "
+        f"{8064 * mean_ms / 1000:,.0f} GETs in flight of one image each at its {mean_ms:,.1f} ms "
+    )
+    assert "8,064 requests/s exceed one prefix's 5,500: spread the set over prefixes" in said
+    assert "0.65 ms a GET at best measured here, costs 5.2 cores per accelerator" in said
+    # 87.5 MB/s a connection over 40 kB an image: 2,188 images/s; 4 at once for 8,064.
+    assert "Shards of 40 kB an image reach a connection's 700 Mbit/s from about 500" in said
+    assert "2,188 images/s a connection: 4 fetching at once per accelerator" in said
+    assert what_it_takes(8064.0, Distance(), [per_image]) == ""  # no distance emulated
 
 
 def test_what_held_a_bucket_run_is_named():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from facebench import stages
-from facebench.advise.from_bucket import in_flight
+from facebench.advise.from_bucket import in_flight, what_it_takes
 from facebench.advise.measure import HEADROOM, SHM_NOTE, Measured, shortfall
 from facebench.host.printable import printable
 from facebench.host.resources import LOOP_MIN, cores_per_rank, ranks_that_fit, usable_cores
@@ -278,9 +278,11 @@ class Advice:
             if self.n_sample < self.n_images
             else ""
         )
+        needs = what_it_takes(self.ceiling, self.distance, self.measured) if self.storage else ""
         return printable(
             f"## facebench advise: {self.target}\n\n{self.verdict()}\n\n"
-            f"Compute ceiling: {self.ceiling:,.0f} images/s{self.ceiling_note}. "
+            + (f"{needs}\n\n" if needs else "")
+            + f"Compute ceiling: {self.ceiling:,.0f} images/s{self.ceiling_note}. "
             f"Data: {self.n_images:,} images."
             f"{sampled} Took {self.seconds:,.0f} s of a {self.budget_s:,.0f} s budget.\n\n"
             + markdown(header, self.rows())
