@@ -44,6 +44,7 @@ FETCH_METRICS = frozenset(
         "storage_retries",
         "storage_throttled",
         "storage_get_mean_ms",
+        "storage_ttfb_mean_ms",
     }
     | {f"storage_{name}_p{share}_ms" for name in ("get", "ttfb") for share in (50, 99)}
 )
@@ -61,6 +62,7 @@ class Fetches:
     latency: list[int] = field(default_factory=lambda: [0] * BUCKETS)
     first_byte: list[int] = field(default_factory=lambda: [0] * BUCKETS)
     latency_ns: int = 0  # every GET's latency, summed: the mean's numerator
+    first_byte_ns: int = 0  # and its time to first byte, summed
 
     def add_get(
         self, size: int, latency_ns: int, first_byte_ns: int, retries: int, throttled: int
@@ -72,6 +74,7 @@ class Fetches:
         self.latency[bucket(latency_ns)] += 1
         self.latency_ns += latency_ns
         self.first_byte[bucket(first_byte_ns)] += 1
+        self.first_byte_ns += first_byte_ns
 
     def add(self, other: Fetches) -> None:
         self.requests += other.requests
@@ -79,6 +82,7 @@ class Fetches:
         self.retries += other.retries
         self.throttled += other.throttled
         self.latency_ns += other.latency_ns
+        self.first_byte_ns += other.first_byte_ns
         for mine, theirs in ((self.latency, other.latency), (self.first_byte, other.first_byte)):
             for index, count in enumerate(theirs):
                 mine[index] += count
@@ -101,6 +105,7 @@ class Fetches:
         found = dict(metrics)
         if self.requests:
             found["storage_get_mean_ms"] = self.latency_ns / self.requests / 1e6
+            found["storage_ttfb_mean_ms"] = self.first_byte_ns / self.requests / 1e6
         for name, histogram in (("get", self.latency), ("ttfb", self.first_byte)):
             for share in (50, 99):
                 value = percentile_ms(histogram, share / 100)

@@ -158,6 +158,8 @@ def test_latency_percentiles_within_a_bucket() -> None:
     assert 51 <= metrics["storage_get_p50_ms"] <= 51 * 1.2  # the 51st of 101
     assert 99 <= metrics["storage_get_p99_ms"] <= 100 * 1.2
     assert 25 <= metrics["storage_ttfb_p50_ms"] <= 25 * 1.2
+    # The first bytes' mean, exact: half of 1..100 ms, and the slow request's 1 ms.
+    assert metrics["storage_ttfb_mean_ms"] == pytest.approx((5050 / 2 + 1) / 101)
     assert percentile_ms([0] * 10, 0.5) is None
     assert bucket_top_ms(bucket(3_000_000)) >= 3.0
     assert Fetches().metrics(1.0) == {}

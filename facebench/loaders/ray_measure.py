@@ -44,9 +44,10 @@ def stage_times(rows: torch.Tensor) -> StageTimes | None:
 
 
 # A batch's GETs from a bucket (facebench/fetches.py), as one row of int64: requests, bytes,
-# retries, 503s, the latencies' sum (ns: an int64 holds 292 years of them), then the latency and
-# first-byte histograms. A column of its own, present only where the data come from a bucket.
-_FETCH_HEAD = 5
+# retries, 503s, the latencies' and first bytes' sums (ns: an int64 holds 292 years of them),
+# then the latency and first-byte histograms. A column of its own, present only where the data
+# come from a bucket.
+_FETCH_HEAD = 6
 _FETCH_COLUMNS = _FETCH_HEAD + 2 * BUCKETS
 
 
@@ -55,7 +56,8 @@ def fetch_rows(fetches: Fetches, n: int) -> np.ndarray:
     rows = np.zeros((n, _FETCH_COLUMNS), dtype=np.int64)
     if n:
         head = [fetches.requests, fetches.bytes, fetches.retries, fetches.throttled]
-        rows[0] = [*head, fetches.latency_ns, *fetches.latency, *fetches.first_byte]
+        sums = [fetches.latency_ns, fetches.first_byte_ns]
+        rows[0] = [*head, *sums, *fetches.latency, *fetches.first_byte]
     return rows
 
 
@@ -71,6 +73,7 @@ def fetches_of(rows: torch.Tensor) -> Fetches | None:
         retries=first[2],
         throttled=first[3],
         latency_ns=first[4],
+        first_byte_ns=first[5],
         latency=histograms[:BUCKETS],
         first_byte=histograms[BUCKETS:],
     )
