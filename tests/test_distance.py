@@ -166,7 +166,9 @@ def test_a_latency_bound_loader_feeds_the_accelerator_what_its_requests_in_fligh
     recorded = json.loads((tmp_path / "results.json").read_text())
     allowed = in_flight / latency_s * 1  # images a second: in flight / latency x images a GET
     au = recorded["metrics"]["au"]
-    assert au == pytest.approx(allowed / pace, rel=0.10)
+    # Never past what 4 in flight allow; near it, less the moments between a batch's two rounds
+    # of GETs and after them (its decode and collate), when fewer than 4 are in flight.
+    assert 0.75 * allowed / pace <= au <= 1.05 * allowed / pace
     # And the run names latency, with the requests in flight Little's law reads off its metrics.
     said = re.match(r"latency \(([\d.]+) requests in flight", recorded["tags"]["storage_limit"])
     assert said is not None and float(said.group(1)) == pytest.approx(in_flight, rel=0.2)

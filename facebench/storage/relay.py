@@ -45,12 +45,16 @@ from facebench.storage.relay_http import (
     CHUNK,
     Pace,
     Peer,
+    arrived_at,
     bad_gateway,
     bytes_per_s,
     error_answer,
     made_headers,
+    prepare,
     send_answer,
+    send_prepared,
     slow_down,
+    stamped_server,
     until,
 )
 from facebench.storage.relay_upstream import EndpointFailed, Upstream
@@ -129,7 +133,7 @@ class Relay:
         self, client: Peer, request: h11.Request, upstream: Upstream, pace: list[Pace | None]
     ) -> bool:
         """Answer one request; whether its connection may carry another."""
-        arrived = time.monotonic()
+        arrived = arrived_at(client.writer)
         if request.target == COUNTERS_TARGET:
             json_head = made_headers([("content-type", "application/json")])
             await send_answer(client, 200, "OK", json_head, self.counters(), [])
@@ -137,9 +141,8 @@ class Relay:
         headers: dict[str, list[str]] = {}
         for name, value in request.headers:
             headers.setdefault(name.decode("latin-1"), []).append(value.decode("latin-1"))
-        bodyless = "transfer-encoding" not in headers and headers.get("content-length", ["0"]) == [
-            "0"
-        ]
+        length = headers.get("content-length", ["0"])[0].strip()
+        bodyless = "transfer-encoding" not in headers and length == "0"
         if bodyless:  # its end is there already: the request is whole
             await client.next_event()
         drawn = self.latency.draw_s()
@@ -150,13 +153,16 @@ class Relay:
             # A body left unread would be taken for the next request: the connection ends.
             await send_answer(client, *slow_down(closing=not bodyless), pace)
             return bodyless
-        answer = self.copy.answer(request.method, request.target, headers) if self.copy else None
-        if answer is not None and bodyless:
+        # From the copy: reads only, which carry no body (its file opened here, closed once sent).
+        copied = self.copy is not None and bodyless
+        answer = self.copy.answer(request.method, request.target, headers) if copied else None
+        if answer is not None:  # framed while it waits: at its time, one write
+            ready = prepare(
+                client, answer.status, answer.reason, answer.headers, answer.body, answer.span
+            )
             await until(due)
             self._note(arrived, drawn, _late(time.monotonic() - due, drawn), "from_copy")
-            await send_answer(
-                client, answer.status, answer.reason, answer.headers, answer.body, pace, answer.span
-            )
+            await send_prepared(client, ready, pace)
             return True
         return await self._from_endpoint(client, request, headers, upstream, pace, arrived, drawn)
 
@@ -241,7 +247,7 @@ async def _main(args: argparse.Namespace, distance: Distance) -> None:
     latency = Latency(distance.latency_ms, distance.latency_p99_ms, args.seed)
     relay = Relay((host, int(port or 80)), distance, latency, copy, args.idle_s,
                   args.max_connections)  # fmt: skip
-    server = await asyncio.start_server(relay.serve, "127.0.0.1", args.port, limit=_HEAD_LIMIT)
+    server = await stamped_server(relay.serve, args.port, _HEAD_LIMIT)
     # Not a log line: the job reads the port from it (distance._port_of), on stdout as the spawn
     # sends it there, and logging may be configured away.
     print(f"listening on {server.sockets[0].getsockname()[1]}", flush=True)

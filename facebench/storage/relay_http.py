@@ -17,6 +17,8 @@ import email.utils
 import os
 import secrets
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
 import h11
@@ -62,6 +64,39 @@ def bytes_per_s(mbps: float) -> float:
     return mbps * 1e6 / 8
 
 
+class Stamped(asyncio.StreamReaderProtocol):
+    """A connection's protocol that notes when its bytes last arrived: the moment a request
+    reached the host, which its emulated latency counts from. The event loop hands every ready
+    socket its bytes before any waiting coroutine resumes, so a burst of requests is stamped as
+    it came, not as each is parsed in turn (up to several ms later on a busy core)."""
+
+    received_at = 0.0
+
+    def data_received(self, data: bytes) -> None:
+        self.received_at = time.monotonic()
+        super().data_received(data)
+
+
+async def stamped_server(
+    serve: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+    port: int,
+    limit: int,
+) -> asyncio.Server:
+    """asyncio.start_server on 127.0.0.1, its connections' protocols Stamped."""
+    loop = asyncio.get_running_loop()
+
+    def protocol() -> Stamped:
+        return Stamped(asyncio.StreamReader(limit=limit, loop=loop), serve, loop=loop)
+
+    return await loop.create_server(protocol, "127.0.0.1", port)
+
+
+def arrived_at(writer: asyncio.StreamWriter) -> float:
+    """When the connection's latest bytes arrived (now, for a connection not Stamped)."""
+    protocol = writer.transport.get_protocol()
+    return getattr(protocol, "received_at", 0.0) or time.monotonic()
+
+
 class Peer:
     """One side of a relayed exchange: a socket's streams and h11's state for it."""
 
@@ -94,42 +129,77 @@ class Peer:
         self.writer.write(data)
         await self.writer.drain()
 
-    async def send_body(self, body: bytes, pace: list[Pace | None]) -> None:
-        for start in range(0, len(body), CHUNK):
-            await self.send(h11.Data(data=body[start : start + CHUNK]), pace)
-        await self.send(h11.EndOfMessage())
-
     def close(self) -> None:
         self.writer.close()
 
 
-async def send_answer(
+@dataclass
+class Prepared:
+    """A response made ready before its time: its head and its body's first chunk as the bytes
+    to write (h11-framed), and what is left of its body, bytes or an open file's span (fd, at,
+    stop; closed once sent). At its time the relay writes the bytes at once: a burst of
+    answers due together then costs a write each, not each one's framing and reading."""
+
+    first: bytes
+    rest: bytes = b""
+    span: tuple[int, int, int] | None = None
+
+
+def prepare(
     client: Peer,
     status: int,
     reason: str,
     headers: list,
     body: bytes | None,
-    pace: list,
     span: tuple[int, int, int] | None = None,
-) -> None:
-    """A response the relay makes (from its copy, or its own), head then paced body: `body`,
-    or the span of an open file (fd, start, stop), read a chunk at a time as it is sent."""
+) -> Prepared:
+    """A response the relay makes (from its copy, or its own), framed now: `body`, or the span
+    of an open file, or none (a HEAD's)."""
     if body is not None and not any(name.lower() == b"content-length" for name, _ in headers):
-        headers = [*headers, (b"content-length", str(len(body)).encode())]
+        size = span[2] - span[1] if span is not None else len(body)
+        headers = [*headers, (b"content-length", str(size).encode())]
+    data = client.h11.send(h11.Response(status_code=status, reason=reason, headers=headers)) or b""
+    if span is not None:
+        fd, start, stop = span
+        chunk = os.pread(fd, min(CHUNK, stop - start), start)
+        body, span = chunk, (fd, start + len(chunk), stop)
+    first, rest = (body or b"")[:CHUNK], (body or b"")[CHUNK:]
+    if first:
+        data += client.h11.send(h11.Data(data=first)) or b""
+    if span is not None and span[1] >= span[2]:
+        os.close(span[0])
+        span = None
+    if not rest and span is None:
+        data += client.h11.send(h11.EndOfMessage()) or b""
+    return Prepared(data, rest, span)
+
+
+async def send_prepared(client: Peer, prepared: Prepared, pace: list[Pace | None]) -> None:
+    """The prepared bytes, then the rest of the body a chunk at a time, paced."""
     try:
-        await client.send(h11.Response(status_code=status, reason=reason, headers=headers))
-        if span is not None:
-            fd, start, stop = span
+        wait = max((bucket.wait_for(len(prepared.first)) for bucket in pace if bucket), default=0)
+        if wait:
+            await asyncio.sleep(wait)
+        client.writer.write(prepared.first)
+        await client.writer.drain()
+        for at in range(0, len(prepared.rest), CHUNK):
+            await client.send(h11.Data(data=prepared.rest[at : at + CHUNK]), pace)
+        if prepared.span is not None:
+            fd, start, stop = prepared.span
             for at in range(start, stop, CHUNK):
                 await client.send(h11.Data(data=os.pread(fd, min(CHUNK, stop - at), at)), pace)
+        if prepared.rest or prepared.span is not None:
             await client.send(h11.EndOfMessage())
-        elif body is None:
-            await client.send(h11.EndOfMessage())
-        else:
-            await client.send_body(body, pace)
     finally:
-        if span is not None:
-            os.close(span[0])
+        if prepared.span is not None:
+            os.close(prepared.span[0])
+
+
+async def send_answer(
+    client: Peer, status: int, reason: str, headers: list, body: bytes | None, pace: list
+) -> None:
+    """A response the relay makes itself (503, 502, its counters), framed and sent now."""
+    await send_prepared(client, prepare(client, status, reason, headers, body), pace)
 
 
 async def until(moment: float) -> None:

@@ -11,6 +11,7 @@ with their values trimmed, and the payload's hash as x-amz-content-sha256 states
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 from collections.abc import Mapping, Sequence
@@ -95,12 +96,18 @@ def verify(
         ]
     )
     to_sign = "\n".join([ALGORITHM, date, scope, hashlib.sha256(canonical.encode()).hexdigest()])
-    day, region, service, _ = scope.split("/")
-    signing_key = f"AWS4{secret}".encode()
-    for part in (day, region, service, "aws4_request"):
-        signing_key = hmac.new(signing_key, part.encode(), hashlib.sha256).digest()
-    expected = hmac.new(signing_key, to_sign.encode(), hashlib.sha256).hexdigest()
+    key = _signing_key(secret, *scope.split("/")[:3])
+    expected = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
     return hmac.compare_digest(expected, found["Signature"])
+
+
+@functools.lru_cache(maxsize=64)
+def _signing_key(secret: str, day: str, region: str, service: str) -> bytes:
+    """The key a day's requests are signed with: the same for all of them, made once."""
+    key = f"AWS4{secret}".encode()
+    for part in (day, region, service, "aws4_request"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    return key
 
 
 def _one(headers: Mapping[str, Sequence[str]], name: str) -> str:
