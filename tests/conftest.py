@@ -8,7 +8,9 @@ import io
 import logging
 import os
 import shutil
+import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from PIL import Image
 from facebench.config import typed
 from facebench.data.synthetic import ensure_synthetic
 from facebench.host.paths import PROJECT_ROOT
+from facebench.host.ports import free_port
 from facebench.host.printable import printable
 from facebench.run.entry import configure
 from facebench.storage import client, server
@@ -390,3 +393,36 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[server.Running]:
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
+
+
+@pytest.fixture(scope="module")
+def moto(tmp_path_factory) -> Iterator[server.Running]:
+    """moto's S3 server: an S3 implementation of its own, not Swift, to read the same way."""
+    pytest.importorskip("moto", reason="moto's server: pip install -e '.[dev]'")
+    import boto3
+    import botocore.config
+    import botocore.exceptions
+
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-p", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            boto3.client(
+                "s3", endpoint_url=endpoint, region_name=server.REGION,
+                aws_access_key_id=server.ACCESS_KEY, aws_secret_access_key=server.SECRET_KEY,
+                config=botocore.config.Config(s3={"addressing_style": "path"}),
+            ).create_bucket(Bucket=server.BUCKET)  # fmt: skip
+            break
+        except botocore.exceptions.EndpointConnectionError:
+            assert time.monotonic() < deadline, "moto's server did not start"
+            time.sleep(0.2)
+    try:
+        yield server.Running(endpoint, "", {}, False)
+    finally:
+        process.terminate()
+        process.wait(timeout=10)

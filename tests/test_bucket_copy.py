@@ -5,12 +5,9 @@ disk it would not fit."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
 
 import boto3
 import botocore.config
@@ -19,7 +16,6 @@ import pytest
 
 from facebench.config import StorageConfig
 from facebench.errors import StorageError
-from facebench.host.ports import free_port
 from facebench.storage import bucket_copy, client, objects, server
 from facebench.storage.address import parse
 from facebench.storage.distance import counters, emulated
@@ -35,31 +31,6 @@ OBJECTS = {
 }
 # The headers that describe an object (the rest belong to the request: a date, an id).
 DESCRIBING = ("etag", "content-length", "content-type", "last-modified", "content-range")
-
-
-@pytest.fixture(scope="module")
-def moto(tmp_path_factory) -> Iterator[server.Running]:
-    """moto's S3 server: an S3 implementation of its own, not Swift, to read the same way."""
-    pytest.importorskip("moto", reason="moto's server: pip install -e '.[dev]'")
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-p", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            _boto(endpoint).create_bucket(Bucket=server.BUCKET)
-            break
-        except botocore.exceptions.EndpointConnectionError:
-            assert time.monotonic() < deadline, "moto's server did not start"
-            time.sleep(0.2)
-    try:
-        yield server.Running(endpoint, "", {}, False)
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
 
 
 def _boto(address: str, secret: str = server.SECRET_KEY):
@@ -102,6 +73,13 @@ def _requests() -> list[tuple[str, dict]]:
                       ("get_object", {"Key": key, "Range": "bytes=-50"})]  # fmt: skip
     asked += [("get_object", {"Key": f"{PREFIX}/missing"})]
     asked += [("list_objects_v2", {"Prefix": f"{PREFIX}/"})] * 2  # the endpoint's, then the copy's
+    # Conditions on the ETag (the CRT client sends If-Match with each part of a large object):
+    # met, from the copy; not met, the endpoint's 412 and 304.
+    etag, key = f'"{hashlib.md5(OBJECTS["a.bin"]).hexdigest()}"', f"{PREFIX}/a.bin"
+    asked += [("get_object", {"Key": key, "IfMatch": etag, "Range": "bytes=0-9"}),
+              ("get_object", {"Key": key, "IfNoneMatch": '"other"'}),
+              ("get_object", {"Key": key, "IfMatch": '"other"'}),
+              ("get_object", {"Key": key, "IfNoneMatch": etag})]  # fmt: skip
     return [(call, {"Bucket": server.BUCKET, **arguments}) for call, arguments in asked]
 
 
@@ -122,10 +100,10 @@ def test_the_copy_answers_byte_for_byte_as_the_endpoint(which, request, tmp_path
             seen[answers].append(_answer(_boto(via, "wrong"), "get_object",
                                          Bucket=server.BUCKET, Key=f"{PREFIX}/a.bin"))  # fmt: skip
             counted = counters(via)
-        if answers == "copy":  # all from the copy but the missing key, the first listing and
-            # the wrong secret's request: the endpoint's to answer
+        if answers == "copy":  # all from the copy but the missing key, the first listing, the
+            # two conditions not met and the wrong secret's request: the endpoint's to answer
             assert counted["storage_relay_requests"] == len(_requests()) + 1
-            endpoint = 3 / (len(_requests()) + 1)
+            endpoint = 5 / (len(_requests()) + 1)
             assert counted["storage_relay_endpoint_frac"] == pytest.approx(endpoint), counted
     expected = [_answer(direct, call, **arguments) for call, arguments in _requests()]
     assert seen["copy"][:-1] == expected == seen["endpoint"][:-1]

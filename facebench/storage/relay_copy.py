@@ -23,7 +23,8 @@ from facebench.storage.sigv4 import verify
 
 # Query parameters a plain GET may carry (botocore names the operation: ?x-id=GetObject).
 _PLAIN = frozenset({"x-id"})
-_CONDITIONS = ("if-match", "if-none-match", "if-modified-since", "if-unmodified-since")
+# Conditions left to the endpoint: those on dates (the copy keeps Last-Modified as text).
+_CONDITIONS = ("if-modified-since", "if-unmodified-since")
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 _READS = (b"GET", b"HEAD")
 _CHECKSUM = "x-amz-checksum-"
@@ -66,7 +67,9 @@ class CopyAnswers:
             return Answer(200, "OK", made_headers([]) + kept, body)
         bucket, _, key = unquote(path).lstrip("/").partition("/")
         entry = self.copy.find(bucket, key) if key and names <= _PLAIN else None
-        if entry is None or not self._signed(method, text, headers):
+        if entry is None or not _met(headers, entry.etag):
+            return None
+        if not self._signed(method, text, headers):
             return None
         span = _span(headers.get("range"), entry.size)
         if span is None:
@@ -109,6 +112,20 @@ class CopyAnswers:
 
     def _signed(self, method: bytes, target: str, headers: Mapping[str, Sequence[str]]) -> bool:
         return verify(method.decode(), target, headers, self.secrets)
+
+
+def _met(headers: Mapping[str, Sequence[str]], etag: str) -> bool:
+    """Whether the copy may answer under the request's ETag conditions: an If-Match that names
+    its ETag (the CRT client asks so for each part of a large object after the first), and an
+    If-None-Match that does not. Otherwise the endpoint answers (412, 304) as it does."""
+
+    def named(values: Sequence[str]) -> set[str]:
+        return {tag.strip().removeprefix("W/").strip('"') for value in values
+                for tag in value.split(",")}  # fmt: skip
+
+    if "if-match" in headers and not named(headers["if-match"]) & {etag, "*"}:
+        return False
+    return "if-none-match" not in headers or not named(headers["if-none-match"]) & {etag, "*"}
 
 
 def _span(asked: Sequence[str] | None, size: int) -> tuple[int, int] | None:
