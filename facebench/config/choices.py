@@ -59,6 +59,17 @@ class Answers(StrEnum):
     endpoint = "endpoint"  # the endpoint, through the relay: to measure that server itself
 
 
+class S3Client(StrEnum):
+    """The S3 client library each image's GET goes through (storage.client): one module each in
+    facebench/storage/clients/."""
+
+    crt = "crt"  # AWS's CRT client, as s3torchconnector wraps it
+    boto3 = "boto3"  # the AWS SDK for Python
+    obstore = "obstore"  # Rust's object_store
+    s3dlio = "s3dlio"  # Rust, made for AI/ML loading (CPython 3.11 wheels only)
+    fsspec = "fsspec"  # s3fs, fsspec's S3 file system
+
+
 class Workers(StrEnum):
     """Where a loader's work runs (its traits), and loader.method's choice for those that
     offer one (nodes: process or thread)."""

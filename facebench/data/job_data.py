@@ -66,7 +66,9 @@ def _list_bucket(cfg: TrainConfig, n_procs: int, via: str) -> JobData:
     """The data under storage.url, listed and checked; the endpoint set for this process and
     the workers it forks."""
     endpoint = client.Endpoint.of(cfg.storage, via)
-    source = credentials_source(endpoint.profile)  # no credentials: refused before any request
+    source = credentials_source(
+        endpoint.profile, endpoint.client
+    )  # no credentials: refused before any request
     client.configure(endpoint)
     address = parse(cfg.storage.url)
     started = time.perf_counter()
@@ -78,6 +80,7 @@ def _list_bucket(cfg: TrainConfig, n_procs: int, via: str) -> JobData:
         "storage_bucket": address.bucket,
         "storage_prefix": address.key,
         "storage_credentials_from": source,
+        "storage_client": endpoint.client,
     }
     if via:
         tags["storage_distance"] = distance.describe(cfg.storage)

@@ -172,4 +172,5 @@ LOADER = LoaderSpec(
     requires=Requirement("litdata", "litdata"),
     session=session,
     bucket_refusal=None,
+    own_client="boto3, or obstore, LitData's own",
 )

@@ -217,5 +217,6 @@ LOADER = LoaderSpec(
     requires=Requirement("s3torchconnector", "s3"),
     shard_format=_shard_format,
     bucket_refusal=None,
+    own_client="AWS's CRT client, s3torchconnector's",
     local_refusal="it reads from a bucket only: add storage=s3 storage.url=s3://bucket/prefix",
 )

@@ -89,6 +89,9 @@ class LoaderSpec:
     bucket_refusal: str | None = "it does not read from a bucket yet"
     # Why it cannot read this machine's files (storage=local), where it cannot: None for most.
     local_refusal: str | None = None
+    # The S3 client its library makes for itself (storage.client, which every other loader's
+    # GETs go through, cannot change it); None: it reads through storage.client.
+    own_client: str | None = None
 
     def traits_for(self, options: LoaderConfig | None = None) -> Traits:
         """Its traits with these options (its defaults when none are given)."""
@@ -115,12 +118,20 @@ class LoaderSpec:
         refusal = self.local_refusal if storage == "local" else self.bucket_refusal
         return refusal is None
 
-    def check_storage(self, storage: str, name: str) -> None:
-        """Refuse, in one line and before any request, a storage it cannot read."""
+    def check_storage(self, storage: str, name: str, client: str = "crt") -> None:
+        """Refuse, in one line and before any request, a storage it cannot read, or an S3
+        client it cannot read through."""
         if storage == "local" and self.local_refusal is not None:
             raise ConfigError(f"{name} with storage=local: {self.local_refusal}")
         if storage != "local" and self.bucket_refusal is not None:
             raise ConfigError(f"{name} with storage={storage}: {self.bucket_refusal}")
+        if storage != "local" and self.own_client and client != "crt":
+            raise ConfigError(
+                f"{name} with storage.client={client}: its library reads through its own S3 "
+                f"client ({self.own_client}), which storage.client cannot change. Leave "
+                "storage.client at its default, or compare clients with a loader whose GETs "
+                "are facebench's (dataset, nodes, datapipe, spdl, pickle, webdataset, raw)"
+            )
 
     def set_up_job(self, ctx: LoaderContext) -> dict[str, float]:
         """Its preparation, once per job, outside the clock: by default, build its shards if

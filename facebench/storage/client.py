@@ -1,19 +1,17 @@
-"""Each image's GET from the bucket: the endpoint, this process's clients, retries, and the one
+"""Each image's GET from the bucket: the endpoint, this process's client, retries, and the one
 line a failure ends in. (Listing, small reads and uploads: objects.py.)
 
-Per-image GETs go through AWS's CRT client (s3torchconnector's S3Client: the client users reach
-for first). Two were measured on one core against the local server, small objects: boto3 spent
-1.2-1.5 ms of CPU per GET, the CRT client 0.47 ms, and obstore 0.3 ms; obstore (Rust, tokio)
-hangs any process forked after its first use, and DataLoader's workers are forked, so the CRT
-client, which its library hands over across a fork (it drops its native client before each fork
-and makes a new one in the child), is the one loaders use. Listing, small reads and uploads are
-few and go through boto3, whose paginator, transfer manager and errors are the reference.
+Per-image GETs go through the client library storage.client names (storage/clients/: AWS's CRT
+client by default, boto3, obstore, s3dlio, s3fs); each is told to try once, and this module
+retries, counts and words failures the same way for all of them. On one core against the local
+server, small objects, boto3 spent 1.2-1.5 ms of CPU per GET, the CRT client 0.47 ms and
+obstore 0.3 ms (docs/benchmarks.md has every client). Listing, small reads and uploads are few
+and go through boto3, whose paginator, transfer manager and errors are the reference.
 
 Each process makes its own clients, when it first needs them: a client is never used across a
 fork. The settings (Endpoint) are set once per job, before any worker is forked, and inherited.
-Retries are this module's own (the CRT client is told to try once), so that every retried
-attempt and every 503 SlowDown is counted, and an endpoint that does not answer costs a bounded
-wait: `attempts` tries, a connect timeout each.
+Every retried attempt and every 503 SlowDown is counted, and an endpoint that does not answer
+costs a bounded wait: `attempts` tries, a connect timeout each.
 """
 
 from __future__ import annotations
@@ -30,6 +28,7 @@ from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from facebench.errors import ObjectMissing, StorageError
+from facebench.storage import clients
 from facebench.storage.address import parse, path_style
 
 log = logging.getLogger(__name__)
@@ -50,6 +49,7 @@ class Endpoint:
     # The relay that emulates the bucket's distance (storage/distance.py), where one runs: the
     # clients connect to it; messages and tags still name the endpoint.
     via: str = ""
+    client: str = "crt"  # storage.client: the library each GET goes through (storage/clients/)
 
     @classmethod
     def of(cls, storage: Any, via: str = "") -> Endpoint:
@@ -59,6 +59,7 @@ class Endpoint:
         return cls(
             endpoint, str(storage.region), path_style(endpoint, bucket, storage.path_style, via),
             str(storage.profile), int(storage.attempts), int(storage.requests_per_worker), via,
+            str(getattr(storage, "client", "crt")),
         )  # fmt: skip
 
     @property
@@ -108,8 +109,12 @@ def configured() -> Endpoint:
 
 
 def make(kind: str) -> Any:
-    """This process's client of a kind: `crt` (each image's GET) or `boto` (objects.py)."""
-    return _per_process(kind, lambda: (_crt if kind == "crt" else _boto)(configured()))
+    """This process's client of a kind: `get` (each image's GET, through storage.client's
+    library) or `boto` (objects.py)."""
+    endpoint = configured()
+    if kind == "boto":
+        return _per_process(kind, lambda: _boto(endpoint))
+    return _per_process(kind, lambda: clients.make(endpoint.client, endpoint))
 
 
 def _per_process(kind: str, build: Callable[[], Any]) -> Any:
@@ -125,15 +130,6 @@ def _per_process(kind: str, build: Callable[[], Any]) -> Any:
     return made
 
 
-def _crt(endpoint: Endpoint) -> Any:
-    from s3torchconnector._s3client import S3Client, S3ClientConfig
-
-    config = S3ClientConfig(
-        force_path_style=endpoint.path_style, max_attempts=1, profile=endpoint.profile or None
-    )
-    return S3Client(endpoint.region, endpoint=endpoint.address or None, s3client_config=config)
-
-
 def _boto(endpoint: Endpoint) -> Any:
     import boto3
 
@@ -141,18 +137,25 @@ def _boto(endpoint: Endpoint) -> Any:
     return session.client("s3", **boto_options(endpoint))
 
 
-def boto_options(endpoint: Endpoint) -> dict[str, Any]:
+def boto_options(
+    endpoint: Endpoint, attempts: int | None = None, connections: int = 32
+) -> dict[str, Any]:
     """A boto3 S3 client's options for this endpoint (a library that makes its own client, as
-    LitData does, takes them too): its address and addressing, bounded waits and retries."""
+    LitData does, takes them too): its address and addressing, bounded waits and retries
+    (`attempts`, storage.attempts by default), and its pool of connections (32 by default: the
+    upload's threads, each with its connection)."""
     from botocore.config import Config
 
     config = Config(
         region_name=endpoint.region,
         connect_timeout=3,
-        max_pool_connections=32,  # the upload's threads, each with its connection
+        max_pool_connections=connections,
         read_timeout=30,
         # total_max_attempts counts the first try; botocore's max_attempts would not.
-        retries={"total_max_attempts": endpoint.attempts, "mode": "standard"},
+        retries={
+            "total_max_attempts": endpoint.attempts if attempts is None else attempts,
+            "mode": "standard",
+        },
         s3={"addressing_style": "path" if endpoint.path_style else "virtual"},
     )
     return {"endpoint_url": endpoint.address or None, "config": config}
@@ -186,8 +189,8 @@ def failure(url: str, kind: str, detail: str, endpoint: Endpoint) -> StorageErro
     address = parse(url)
     if kind == "missing":
         return ObjectMissing(
-            f"{url}: no such object (it was listed, or named by the labels). Restore it, or "
-            "upload the data again: python prepare.py storage=s3 ..."
+            f"{url}: no such object ({detail}; it was listed, or named by the labels). "
+            "Restore it, or upload the data again: python prepare.py storage=s3 ..."
         )
     if kind == "no bucket":
         # Addressed as bucket.host, a server that takes only host/bucket reads the key's first
@@ -219,13 +222,16 @@ def failure(url: str, kind: str, detail: str, endpoint: Endpoint) -> StorageErro
 
 def failed(url: str, error: BaseException) -> StorageError:
     """The one line for a fetch of `url` that failed in a library that fetches for itself
-    (LitData's downloads: boto3, or obstore, whose message is a debug dump of the answer):
-    the server's answer as its error code, or the message's first line."""
+    (LitData's downloads: boto3, or obstore, whose message is a debug dump of the answer)."""
     message = str(error)
+    return failure(url, _kind(message), _answer(message, error), configured())
+
+
+def _answer(message: str, error: BaseException) -> str:
+    """The server's answer, as its error code, or the message's first line (never a dump)."""
     code = _CODE.search(message)
     lines = message.strip().splitlines()
-    answer = code.group(1) if code else (lines[0][:200] if lines else type(error).__name__)
-    return failure(url, _kind(message), answer, configured())
+    return code.group(1) if code else (lines[0][:200] if lines else type(error).__name__)
 
 
 _CODE = re.compile(r"<Code>([^<]+)</Code>")  # an S3 error document's code: NoSuchKey, ...
@@ -234,44 +240,38 @@ _CODE = re.compile(r"<Code>([^<]+)</Code>")  # an S3 error document's code: NoSu
 def get(url: str, byte_range: tuple[int, int] | None = None) -> Reply:
     """One object, whole (or the bytes [start, end) of it: a range GET), with what the GET
     cost; retried where S3 says to retry."""
-    from s3torchconnectorclient import S3Exception
-
     endpoint = configured()
+    library = clients.module(endpoint.client)
     address = parse(url)
-    client = make("crt")
+    made = make("get")
     retries = throttled = 0
     for attempt in range(endpoint.attempts):
         start = time.perf_counter_ns()
         try:
-            if byte_range is None:
-                reader = client.get_object(address.bucket, address.key)
-                first = reader.read(1)  # the first chunk arrives: the time to first byte
-                first_byte = time.perf_counter_ns() - start
-                data = first + reader.read()
-            else:
-                data, first_byte = _ranged(client, address, byte_range, start)
+            data, first_byte = library.fetch(made, address.bucket, address.key, byte_range, start)
             return Reply(data, time.perf_counter_ns() - start, first_byte, retries, throttled)
-        except S3Exception as error:
-            kind = _kind(str(error))
+        except library.errors() as error:
+            message = _message(error)
+            kind = _kind(message)
             throttled += kind == "throttled"
             if kind in ("throttled", "unreachable") and attempt + 1 < endpoint.attempts:
                 retries += 1
                 time.sleep(_BACKOFF_S * 2**attempt)
                 continue
-            raise failure(url, kind, str(error).splitlines()[0], endpoint) from None
+            answer = f"{_answer(message, error)}, through storage.client={endpoint.client}"
+            raise failure(url, kind, answer, endpoint) from None
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
-def _ranged(
-    client: Any, address: Any, byte_range: tuple[int, int], start: int
-) -> tuple[bytes, int]:
-    """A range GET's bytes and time to first byte. The library's ranged reader asks for the
-    object's size first (a HEAD each time); its stream, which takes the range, does not (a
-    private method of s3torchconnector==1.5.0, as pinned)."""
-    chunks = iter(client._get_object_stream(address.bucket, address.key, *byte_range))
-    first = next(chunks, b"")
-    first_byte = time.perf_counter_ns() - start
-    return b"".join([first, *chunks]), first_byte
+def _message(error: BaseException) -> str:
+    """What a client's error says, its S3 error code included (boto3 keeps it in the response,
+    and a missing object may be only a FileNotFoundError's type)."""
+    response = getattr(error, "response", None)
+    code = response.get("Error", {}).get("Code", "") if isinstance(response, dict) else ""
+    text = str(error)
+    gone = isinstance(error, FileNotFoundError) and "bucket" not in text.lower()
+    missing = "NoSuchKey" if gone else ""
+    return " ".join(part for part in (code, text, missing) if part)
 
 
 def get_ranges(url: str, byte_ranges: Sequence[tuple[int, int]]) -> list[Reply]:

@@ -17,15 +17,20 @@ from facebench.host.extras import Requirement
 logging.getLogger("botocore.credentials").setLevel(logging.WARNING)
 
 
-# What storage=s3 needs: AWS's CRT client for the images, boto3 for the rest.
-CLIENTS = (Requirement("s3torchconnector", "s3"), Requirement("boto3", "s3"))
+# What storage=s3 needs beside storage.client's library: boto3, for listings and uploads.
+BOTO3 = Requirement("boto3", "s3")
 
 
-def credentials_source(profile: str = "") -> str:
+def credentials_source(profile: str = "", client: str = "crt") -> str:
     """Where the chain found credentials: env, shared-credentials-file, config-file, iam-role,
-    sso, ... (botocore's name for the provider). Refuses first if the clients are missing."""
-    for requirement in CLIENTS:
-        requirement.require("storage=s3")
+    sso, ... (botocore's name for the provider). Refuses first, in one line naming the extra,
+    if boto3 or storage.client's library is missing."""
+    from facebench.storage import clients
+
+    BOTO3.require("storage=s3")
+    library = clients.module(client)
+    getattr(library, "refusal", lambda endpoint=None: None)()
+    library.REQUIREMENT.require(f"storage.client={client}")
     import botocore.exceptions
     import botocore.session
 
