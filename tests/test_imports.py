@@ -24,7 +24,8 @@ CONFIG_MAY_IMPORT = {"facebench.errors"}
 LAYERS = [
     {"errors"},
     {"config"},
-    {"fetches"},  # what reading from an object store cost, carried with each batch
+    # what reading from an object store cost, carried with each batch; what an epoch costs
+    {"fetches", "costs"},
     {"stage_metrics"},  # the stage times' record and an epoch's sums, which stages tallies
     {"stages", "results"},  # what loaders record per image; a job's record on disk
     {"host"},

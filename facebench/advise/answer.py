@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from facebench import stages
+from facebench.advise.by_cost import said as bills_said
 from facebench.advise.from_bucket import in_flight, what_it_takes
 from facebench.advise.measure import HEADROOM, SHM_NOTE, Measured, shortfall
+from facebench.costs import Prices
 from facebench.host.printable import printable
 from facebench.host.resources import LOOP_MIN, cores_per_rank, ranks_that_fit, usable_cores
 from facebench.report.tables import markdown
@@ -43,6 +45,8 @@ class Advice:
     storage: str = ""
     distance: Distance = field(default_factory=Distance)
     requests_per_worker: int = 8
+    prices: Prices | None = None  # conf/cost/'s, for this storage and accelerator
+    client: str = "crt"  # storage.client
 
     @property
     def per_host(self) -> bool:
@@ -279,6 +283,10 @@ class Advice:
             else ""
         )
         needs = what_it_takes(self.ceiling, self.distance, self.measured) if self.storage else ""
+        if self.prices is not None:
+            pace = self.accelerator_rate or self.ceiling
+            bills = bills_said(self.measured, self.prices, pace, self.n_images, self.client)
+            needs = f"{needs}\n\n{bills}".strip() if bills else needs
         return printable(
             f"## facebench advise: {self.target}\n\n{self.verdict()}\n\n"
             + (f"{needs}\n\n" if needs else "")

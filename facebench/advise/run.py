@@ -14,6 +14,7 @@ from facebench.advise.ceiling import Ceiling, measure_ceiling
 from facebench.advise.chart import chart
 from facebench.advise.measure import RUN_S, Measured, measure_loader, worker_counts
 from facebench.config import AdviseConfig
+from facebench.costs import Prices
 from facebench.data.job_data import JobData, list_data
 from facebench.data.location import data_layout
 from facebench.data.subset import subset_tree
@@ -103,6 +104,8 @@ def _advise(
         storage=_storage_said(cfg, via),
         distance=near,
         requests_per_worker=cfg.storage.requests_per_worker,
+        prices=Prices.of(cfg.cost, cfg.storage.name, cfg.accelerator.name),
+        client=str(cfg.storage.client),
     )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from facebench.config.prices import problems as price_problems
 from facebench.config.schema import DistanceConfig
 from facebench.errors import ConfigError
 
@@ -85,6 +86,7 @@ def validate(cfg: DictConfig) -> None:
     problems += _data_problems(cfg.data)
     problems += _amount_problems(cfg)
     problems += _storage_problems(cfg.get("storage"))
+    problems += price_problems(cfg.get("cost"), OmegaConf.select(cfg, "storage.name") or "local")
     if problems:
         raise ConfigError("invalid config: " + "; ".join(problems))
 

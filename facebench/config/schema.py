@@ -23,8 +23,10 @@ from facebench.config.choices import (
     DataLayout,
     Model,
     OnBadSample,
+    S3Client,
     Sync,
 )
+from facebench.config.prices import CostConfig
 
 
 @dataclass
@@ -157,6 +159,10 @@ class StorageConfig(DistanceConfig):
     # GETs each loader worker (or the loop, with n_workers=0) keeps in flight, from a pool of
     # threads: one image's latency hides behind the others' (pytorch#158218).
     requests_per_worker: int = 8
+    # The S3 client library each image's (and each shard's) GET goes through: crt (AWS's CRT
+    # client, s3torchconnector's), boto3, obstore, s3dlio, fsspec (s3fs). Loaders whose library
+    # makes its own client (s3connector, litdata, raydata) keep theirs. docs/loaders.md.
+    client: S3Client = S3Client.crt
     # Attempts per request before a read fails (S3's 503 SlowDown and dropped connections are
     # retried, with backoff).
     attempts: int = 3
@@ -195,6 +201,8 @@ class CommonConfig:
     transform: TransformConfig = dataclasses.field(default_factory=TransformConfig)
     # Where the data are: storage=local (data.root, or the cache) or storage=s3 (a bucket).
     storage: StorageConfig = dataclasses.field(default_factory=StorageConfig)
+    # What requests, bytes and accelerator-hours cost (conf/cost/): dollars beside each rate.
+    cost: CostConfig = dataclasses.field(default_factory=CostConfig)
 
 
 @dataclass

@@ -57,6 +57,8 @@ def _cell(cell: Cell | None, ceiling: float | None) -> str:
         text += f", {100 * cell.images_per_s / ceiling:.0f}% of ceiling"
     if cell.au is not None:
         text += f", AU {cell.au:.0%}"
+    if cell.epoch_usd is not None:
+        text += f", ${cell.epoch_usd:,.4g}/epoch"
     return text
 
 

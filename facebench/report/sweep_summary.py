@@ -66,7 +66,7 @@ def au_images_per_s(results: dict[str, Any]) -> float | None:
     return float(au) * int(params.get("accelerators_per_host", 1)) * float(rate)
 
 
-def _row(results: dict[str, Any], with_au: bool = False) -> list[str]:
+def _row(results: dict[str, Any], with_au: bool = False, with_cost: bool = False) -> list[str]:
     params, metrics = results.get("params", {}), results.get("metrics", {})
     rate, wait, au = metrics.get("images_per_s"), metrics.get("data_wait_frac"), metrics.get("au")
     fed = au_images_per_s(results)
@@ -75,27 +75,35 @@ def _row(results: dict[str, Any], with_au: bool = False) -> list[str]:
         if with_au
         else []
     )
+    client = results.get("tags", {}).get("storage_client")
+    usd = metrics.get("cost_epoch_usd")
     return [
         str(results.get("run_name", "?")),
         str(results.get("tags", {}).get("data_set", params.get("data", "?"))),
-        str(params.get("loader", "?")),
+        str(params.get("loader", "?")) + (f" ({client})" if client else ""),
         str(params.get("n_workers", "?")),
         f"{rate:,.1f}" if rate is not None else "-",
         f"{100 * wait:.0f}%" if wait is not None else "-",
         *emulated,
+        *([f"{usd:,.4g}" if usd is not None else "-"] if with_cost else []),
         str(results.get("status", "?"))
         + (", not in MLflow" if results.get("tracking") == TRACKING_LOST else ""),
     ]
 
 
 def summary_table(runs: list[dict[str, Any]]) -> str:
-    """The runs as an aligned plain-text table, one line each; where a run emulated
-    accelerators, its AU and the rate AU follows, and a line under the table that says which
-    span each rate covers."""
+    """The runs as an aligned plain-text table, one line each (the loader with its S3 client,
+    where it read a bucket); where a run emulated accelerators, its AU and the rate AU follows,
+    and a line under the table that says which span each rate covers; where a run was priced,
+    its epoch's bill (cost_epoch_usd)."""
     with_au = any("au" in results.get("metrics", {}) for results in runs)
-    header = (*HEADER[:6], *AU_HEADER, HEADER[6]) if with_au else HEADER
-    rows = (_row(results, with_au) for results in runs)
-    table = aligned(header, rows, right={4, 5, 6, 7} if with_au else {4, 5})
+    with_cost = any("cost_epoch_usd" in results.get("metrics", {}) for results in runs)
+    header = (
+        *HEADER[:6], *(AU_HEADER if with_au else ()), *(("$ an epoch",) if with_cost else ()),
+        HEADER[6],
+    )  # fmt: skip
+    rows = (_row(results, with_au, with_cost) for results in runs)
+    table = aligned(header, rows, right=set(range(4, len(header) - 1)))
     return f"{table}\n{AU_LEGEND}" if with_au else table
 
 

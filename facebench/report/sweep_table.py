@@ -58,6 +58,8 @@ class Cell:
     shard_size_used: int | None = None
     # An emulated accelerator's utilization, where the run emulated one.
     au: float | None = None
+    # One epoch's bill in dollars (facebench/costs.py), where every price was known.
+    epoch_usd: float | None = None
 
 
 Table = dict[int, dict[str, Cell]]  # n_workers -> loader column -> cell
@@ -103,6 +105,7 @@ def tables(runs) -> dict[Settings, Table]:
             waited_us=run.data.metrics.get("stage_waited_us"),
             shard_size_used=_shard_size_used(run.data.metrics),
             au=run.data.metrics.get("au"),
+            epoch_usd=run.data.metrics.get("cost_epoch_usd"),
         )
         column = _column(params, varying.get(params["loader"], ()))
         row = grouped[key][int(params["n_workers"])]
@@ -131,13 +134,14 @@ def _stages(metrics: dict[str, float]) -> dict[str, float]:
 
 
 def _varying_loader_options(runs) -> dict[str, tuple[str, ...]]:
-    """For each loader, the loader.* options that differ between its runs (a sweep over
-    loader.decoder, say): they become part of the column's name."""
+    """For each loader, the loader.* options (and the S3 client, storage.client) that differ
+    between its runs (a sweep over loader.decoder, say): they become part of the column's
+    name."""
     values: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     for run in runs:
         params = run.data.params
         for name, value in params.items():
-            if name.startswith("loader.") and name != "loader.name":
+            if name.startswith("loader.") and name != "loader.name" or name == "storage.client":
                 values[params.get("loader", "")][name].add(value)
     return {
         loader: tuple(sorted(name for name, seen in options.items() if len(seen) > 1))
@@ -148,7 +152,10 @@ def _varying_loader_options(runs) -> dict[str, tuple[str, ...]]:
 def _column(params: dict[str, str], options: tuple[str, ...]) -> str:
     if not options:
         return params["loader"]
-    detail = ", ".join(f"{name.removeprefix('loader.')}={params.get(name)}" for name in options)
+    detail = ", ".join(
+        f"{name.removeprefix('loader.').removeprefix('storage.')}={params.get(name)}"
+        for name in options
+    )
     return f"{params['loader']} ({detail})"
 
 

@@ -15,9 +15,10 @@ import logging
 from facebench.config import TrainConfig
 from facebench.host.resources import usable_cores
 from facebench.results import JobResults
+from facebench.run.accelerator import Accelerator
 from facebench.storage.bounds import Bounds
 from facebench.storage.distance import Distance
-from facebench.storage.limits import held_by, holding_back
+from facebench.storage.limits import held_by, holding_back, images_per_request, mb_per_request
 from facebench.tracking.tracker import Tracker
 
 log = logging.getLogger(__name__)
@@ -41,9 +42,19 @@ def say_from_bucket(
         return
     whole = metrics.get("images_per_s", 0.0)
     rate = metrics.get("steady_images_per_s", whole)
-    found = {**bounds.metrics(), "storage_beyond_bounds": float(bounds.beyond(rate))}
+    found = {
+        **bounds.metrics(),
+        **_client_metrics(cfg, ranks, metrics, bounds),
+        "storage_beyond_bounds": float(bounds.beyond(rate)),
+    }
     metrics.update(found)
     tracker.log_metrics(found)
+    if "storage_client_cores_per_accelerator" in found:
+        log.info(
+            "from the bucket, storage.client=%s at %.2f ms of CPU a GET needs %.2f cores to "
+            "feed one %s", cfg.storage.client, bounds.client_ms_per_get,
+            found["storage_client_cores_per_accelerator"], cfg.accelerator.name,
+        )  # fmt: skip
     if bounds.beyond(rate):
         # A loader that fetches a few large objects early (LitData's chunks) reads them all in
         # its warm-up: the steady window then holds none of the reads its batches came from.
@@ -73,6 +84,26 @@ def say_from_bucket(
         log.info("from the bucket, held back by %s", limit.detail)
         results.tags["storage_limit"] = limit.short
         tracker.set_tags({"storage_limit": limit.short})
+
+
+def _client_metrics(
+    cfg: TrainConfig, ranks: int, metrics: dict[str, float], bounds: Bounds
+) -> dict[str, float]:
+    """What the S3 client did and cost: GETs a second per process that made them (each worker,
+    or the loop with n_workers=0), its CPU per MB, and the cores its CPU per GET takes to feed
+    the named accelerator at its pace."""
+    found = {}
+    processes = max(cfg.n_workers, 1) * ranks
+    found["storage_gets_per_s_per_process"] = metrics.get("storage_requests_per_s", 0.0) / processes
+    size_mb = mb_per_request(metrics)
+    if bounds.client_ms_per_get and size_mb:
+        found["storage_client_ms_per_mb"] = bounds.client_ms_per_get / size_mb
+    accelerator = Accelerator.of(cfg.accelerator, cfg.transform.crop, cfg.batch_size)
+    per_request = images_per_request(metrics)
+    if accelerator is not None and bounds.client_ms_per_get and per_request:
+        gets_per_s = accelerator.images_per_s / per_request
+        found["storage_client_cores_per_accelerator"] = gets_per_s * bounds.client_ms_per_get / 1000
+    return found
 
 
 def _said(bounds: Bounds) -> str:

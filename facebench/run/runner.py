@@ -24,6 +24,7 @@ from facebench.loaders.shared import LoaderContext
 from facebench.loaders.spec import LoaderSpec
 from facebench.results import TRACKING_LOGGED, TRACKING_LOST, JobResults, now_ms
 from facebench.run import per_host
+from facebench.run.cost import say_cost
 from facebench.run.finish import batches_held
 from facebench.run.from_bucket import say_from_bucket
 from facebench.run.job import Job
@@ -115,7 +116,7 @@ def _get_ready(cfg: TrainConfig, job: Job, results: JobResults, service: ExitSta
     try:
         _seed_everything(cfg.seed)
         loader = loaders.get(cfg.loader.name)
-        loader.check_storage(cfg.storage.name, f"loader={cfg.loader.name}")
+        loader.check_storage(cfg.storage.name, f"loader={cfg.loader.name}", cfg.storage.client)
         # A bucket's distance, where asked for: the relay runs for the whole job.
         via = service.enter_context(emulated(cfg.storage, cache_dir(cfg.data.cache_dir), cfg.seed))
         data = list_data(cfg, job.world, via)
@@ -228,6 +229,7 @@ def _run(cfg: TrainConfig, job: Job, tracker: Tracker, results: JobResults, read
     if job.world.is_main:  # the job's metrics, merged over its ranks: said once
         ranks = job.world.world_size
         say_from_bucket(cfg, ranks, emulated_distance, metrics, results, tracker)
+        say_cost(cfg, ranks, metrics, results, tracker)
     label = stages.dominant_label(metrics)
     if label:  # the runs table shows where the workers' time went
         results.tags["dominant_stage"] = label

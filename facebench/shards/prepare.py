@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 from facebench.config import PrepareConfig
+from facebench.costs import GB, Prices, put_cost
 from facebench.data.images import set_max_pixels
 from facebench.data.listing import list_bucket_usable
 from facebench.data.location import data_layout, data_root
@@ -93,7 +94,7 @@ def _upload(cfg: PrepareConfig, output_dir: Path | None) -> ShardSet:
     """prepare.py storage=s3: the data set (the synthetic one generated first) uploaded under
     storage.url, in its layout; then its shards, built here, uploaded beside it. Resumable."""
     endpoint = client.Endpoint.of(cfg.storage)
-    source = credentials_source(endpoint.profile)
+    source = credentials_source(endpoint.profile, endpoint.client)
     client.configure(endpoint)
     address = parse(cfg.storage.url)
     n_procs = max(cfg.n_workers, 1)
@@ -122,20 +123,40 @@ def _upload(cfg: PrepareConfig, output_dir: Path | None) -> ShardSet:
         outcome = f"objects sent so far stay in {where}; the next prepare.py storage=s3 resumes"
         raise Interrupted.of(stop, outcome) from error
     if output_dir is not None:
-        write_results(
-            output_dir / "results.json",
-            {
-                "storage_url": str(address),
-                "shards_url": where,
-                "uploaded_files": data.sent + shards.sent,
-                "files": data.files + shards.files,
-                "uploaded_bytes": data.bytes_sent + shards.bytes_sent,
-                "upload_s": data.seconds + shards.seconds,
-                "n_shards": len(shard_set.manifest.shards),
-                "n_samples": shard_set.manifest.n_samples,
-            },
-        )
+        found = {"storage_url": str(address), "shards_url": where}
+        write_results(output_dir / "results.json", found | _uploaded(cfg, data, shards, shard_set))
     return shard_set
+
+
+def _uploaded(
+    cfg: PrepareConfig, data: Uploaded, shards: Uploaded, shard_set: ShardSet
+) -> dict[str, object]:
+    """What the upload sent and cost, for results.json."""
+    cost = _upload_cost(cfg, data, shards)
+    return {
+        "uploaded_files": data.sent + shards.sent,
+        "files": data.files + shards.files,
+        "uploaded_bytes": data.bytes_sent + shards.bytes_sent,
+        "upload_s": data.seconds + shards.seconds,
+        "n_shards": len(shard_set.manifest.shards),
+        "n_samples": shard_set.manifest.n_samples,
+        "put_requests": data.puts + shards.puts,
+        "list_requests": data.lists + shards.lists,
+        **({"upload_usd": cost} if cost is not None else {}),
+    }
+
+
+def _upload_cost(cfg: PrepareConfig, data: Uploaded, shards: Uploaded) -> float | None:
+    """What the upload cost at the storage profile's prices (None: none known), said once."""
+    puts, lists = data.puts + shards.puts, data.lists + shards.lists
+    sent = data.bytes_sent + shards.bytes_sent
+    cost = put_cost(Prices.of(cfg.cost, cfg.storage.name), puts, lists, sent / GB)
+    if cost is not None:
+        log.info(
+            "the upload cost $%.4f: %d PUTs, %d LISTs, %.1f MB at storage=%s's prices "
+            "(conf/cost/)", cost, puts, lists, sent / 1e6, cfg.storage.name,
+        )  # fmt: skip
+    return cost
 
 
 def _say_uploaded(done: Uploaded, where: str) -> None:

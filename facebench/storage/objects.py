@@ -99,6 +99,14 @@ def put_file(url: str, path: str, metadata: dict[str, str]) -> None:
         raise StorageError(f"{path}: vanished before it was uploaded to {url}") from None
 
 
+def put_requests(size: int) -> int:
+    """The requests put_file bills for a file of `size` bytes: one PUT, or a multipart upload's
+    start, its parts and its completion."""
+    if size < PART_BYTES:
+        return 1
+    return 2 + -(-size // PART_BYTES)
+
+
 def file_etag(path: str) -> str:
     """The ETag S3 gives the object put_file makes of this file: its MD5, or for a multipart
     upload the MD5 of its parts' MD5s and their count ("...-3"), so that a listing tells

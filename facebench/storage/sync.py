@@ -44,6 +44,8 @@ class Uploaded:
     sent: int  # uploaded now (the rest were there already)
     bytes_sent: int
     seconds: float
+    puts: int = 0  # requests billed as PUTs: each object's, multipart parts counted
+    lists: int = 0  # ListObjectsV2 pages (1,000 keys each) read to find what was there
 
 
 def _local_files(root: Path) -> list[str]:
@@ -93,8 +95,9 @@ def upload_tree(
                 "another storage.url"
             )
     to_send = [name for name in changing if name in wanted]
+    lists = max(1, -(-len(there) // 1000))
     if not changing and MANIFEST in there:
-        return Uploaded(len(files), 0, 0, time.monotonic() - started)
+        return Uploaded(len(files), 0, 0, time.monotonic() - started, 0, lists)
     # Before anything changes, the manifests go, so that they vouch for nothing missing.
     for name in (MANIFEST, *last):
         url = str(address.child(name))
@@ -118,4 +121,7 @@ def upload_tree(
     entries.update({name: list(final) for name, final in finals.items()})
     body = json.dumps({"files": entries, "source": str(root)}, indent=0).encode()
     objects.put_bytes(str(address.child(MANIFEST)), body, metadata)
-    return Uploaded(len(files), len(to_send), sent_bytes, time.monotonic() - started)
+    puts = sum(objects.put_requests((root / name).stat().st_size) for name in to_send)
+    puts += len(last) + 1  # the manifests, small: one PUT each
+    seconds = time.monotonic() - started
+    return Uploaded(len(files), len(to_send), sent_bytes, seconds, puts, lists)
