@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 
-from facebench.config import TrainConfig
+from facebench import loaders
+from facebench.config import TrainConfig, Workers
 from facebench.host.resources import usable_cores
 from facebench.results import JobResults
 from facebench.run.accelerator import Accelerator
@@ -93,7 +94,10 @@ def _client_metrics(
     or the loop with n_workers=0), its CPU per MB, and the cores its CPU per GET takes to feed
     the named accelerator at its pace."""
     found = {}
-    processes = max(cfg.n_workers, 1) * ranks
+    # The processes that made the GETs: each worker process, or the loop's own (its threads').
+    traits = loaders.get(cfg.loader.name).traits_for(cfg.loader)
+    apart = traits.workers == Workers.process and cfg.n_workers > 0
+    processes = (cfg.n_workers if apart else 1) * ranks
     found["storage_gets_per_s_per_process"] = metrics.get("storage_requests_per_s", 0.0) / processes
     size_mb = mb_per_request(metrics)
     if bounds.client_ms_per_get and size_mb:
