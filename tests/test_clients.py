@@ -201,3 +201,17 @@ def test_a_worker_forked_after_its_parent_used_a_runtime_refuses_it(monkeypatch)
         clients.make("obstore", endpoint)
     assert clients._used == set()
     clients.make("crt", endpoint)  # a library with no runtime of its own is made as ever
+
+
+def test_a_failure_is_read_from_its_status_not_any_number_in_a_dump() -> None:
+    """obstore's messages carry a debug dump (request ids, elapsed times) that may hold "503"
+    anywhere: only a 503 status is a SlowDown."""
+    dump = "<Code>SignatureDoesNotMatch</Code> RequestId: tx9c503e elapsed: 3.503ms status: 403"
+    assert client._kind(dump) == "refused"
+    assert client._kind("Client error with status: 503, body: None") == "throttled"
+    assert client._kind("An error occurred (503) when calling the GetObject operation") == (
+        "throttled"
+    )
+    assert client._kind("service error: SlowDown (Please reduce your request rate.)") == (
+        "throttled"
+    )

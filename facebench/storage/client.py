@@ -170,7 +170,8 @@ _KINDS = (
     ("slowdown", "throttled"),
     ("slow down", "throttled"),
     ("reduce your request rate", "throttled"),
-    ("503", "throttled"),
+    # A 503 as a status, not any "503" in a message (a dump's request id or elapsed time).
+    *((status, "throttled") for status in ("status: 503", "status 503", "503 service", "(503)")),
     ("forbidden", "refused"),
     ("access denied", "refused"),
     ("accessdenied", "refused"),
