@@ -128,12 +128,12 @@ class EpochCost:
             if self.epoch_images != self.measured_images
             else ""
         )
-        parts = [f"{self.requests:,.0f} GETs {_usd(self.requests_usd)}"]
+        parts = [f"{self.requests:,.0f} GETs {_usd(self.requests_usd)}"] if self.requests else []
         if self.gigabytes and self.retrieval_usd:
             parts.append(f"{self.gigabytes:,.2f} GB retrieved {_usd(self.retrieval_usd)}")
         hours = f"{self.accelerator_hours:,.3g} accelerator-hours {_usd(self.accelerator_usd)}"
         if self.idle_usd is not None and self.utilization is not None:
-            hours += f", {_usd(self.idle_usd)} of it idle (utilization {self.utilization:.0%})"
+            hours += f" ({_usd(self.idle_usd)} of it idle: utilization {self.utilization:.0%})"
         parts.append(hours)
         total = self.total_usd
         ending = f"= {_usd(total)}" if total is not None else "(total unknown: a price is not set)"
@@ -156,5 +156,5 @@ def _times(amount: float, price: float | None) -> float | None:
 
 def _usd(value: float | None) -> str:
     if value is None:
-        return "($ unknown)"
-    return f"(${value:,.4f})" if value < 1 else f"(${value:,.2f})"
+        return "$ unknown"
+    return f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
