@@ -83,7 +83,12 @@ class EpochCost:
     ) -> EpochCost | None:
         """None where the run measured no images."""
         measured = int(metrics.get("samples_seen", 0))
-        rate = metrics.get("steady_images_per_s") or metrics.get("images_per_s", 0.0)
+        # The rate the run trusts: its steady one, unless that passed its bucket's bounds
+        # (storage_beyond_bounds: the steady window missed its reads), then the whole epoch's.
+        steady = (
+            None if metrics.get("storage_beyond_bounds") else metrics.get("steady_images_per_s")
+        )
+        rate = steady or metrics.get("images_per_s", 0.0)
         if measured <= 0 or rate <= 0:
             return None
         images = epoch_images or measured

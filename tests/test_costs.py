@@ -127,3 +127,14 @@ def test_advise_ranks_the_fed_loaders_by_their_epochs_bill() -> None:
     assert "Cheapest per epoch of 1,200,000 images among those that keep it fed: " in text
     assert "loader=pickle n_workers=2 storage.client=crt" in text
     assert "Per-image GETs cost up to $0.48 an epoch in requests alone" in text
+    assert "1,200,000 GETs against 4,000." in text
+
+
+def test_a_steady_rate_beyond_its_bounds_is_not_billed() -> None:
+    """A run whose steady window missed its reads (storage_beyond_bounds) is billed at the
+    whole epoch's rate, the one that includes them, as the run itself compares it."""
+    prices = Prices(0.0004, 0.005, 0.005, 0.0, 0.0, 4.0)
+    beyond = {**MEASURED, "steady_images_per_s": 50_000.0, "storage_beyond_bounds": 1.0}
+    cost = EpochCost.of(prices, beyond)
+    assert cost is not None
+    assert cost.accelerator_hours == pytest.approx(3000 / 1200 / 3600)

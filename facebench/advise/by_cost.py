@@ -73,9 +73,10 @@ def said(measured: list[Measured], prices: Prices, pace: float, n_images: int, c
     gap = ""
     if per_image and shards:
         most = max(bill[3].requests_usd or 0 for bill in per_image)
-        least = min(bill[3].requests_usd or 0 for bill in shards)
+        fewest = min(shards, key=lambda bill: bill[3].requests_usd or 0)[3]
         gap = (
             f" Per-image GETs cost up to ${most:,.2f} an epoch in requests alone, shards "
-            f"${least:,.4f}: {n_images:,} GETs against a few hundred."
+            f"${fewest.requests_usd or 0:,.4f}: {n_images:,} GETs against "
+            f"{fewest.requests:,.0f}."
         )
     return f"{head}{gap} Each epoch's bill (conf/cost/, scaled to the whole set): {listed}."

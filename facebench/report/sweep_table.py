@@ -141,7 +141,7 @@ def _varying_loader_options(runs) -> dict[str, tuple[str, ...]]:
     for run in runs:
         params = run.data.params
         for name, value in params.items():
-            if name.startswith("loader.") and name != "loader.name" or name == "storage.client":
+            if (name.startswith("loader.") and name != "loader.name") or name == "storage.client":
                 values[params.get("loader", "")][name].add(value)
     return {
         loader: tuple(sorted(name for name, seen in options.items() if len(seen) > 1))

@@ -1,7 +1,7 @@
 """What a run's epoch cost, said at its end (rank 0, once): the requests, bytes and
 accelerator-hours it measured, at the prices of conf/cost/ (facebench/costs.py).
 
-    say_cost(cfg, ranks, metrics, results, tracker)
+    say_cost(cfg, ranks, metrics, tracker)
 
 An epoch of cost.epoch_images (the user's own set; 0: the run's epoch) scales the requests and
 hours from the measured epoch, and the line says it did.
@@ -13,14 +13,13 @@ import logging
 
 from facebench.config import TrainConfig
 from facebench.costs import EpochCost, Prices
-from facebench.results import JobResults
 from facebench.tracking.tracker import Tracker
 
 log = logging.getLogger(__name__)
 
 
 def say_cost(
-    cfg: TrainConfig, ranks: int, metrics: dict[str, float], results: JobResults, tracker: Tracker
+    cfg: TrainConfig, ranks: int, metrics: dict[str, float], tracker: Tracker
 ) -> EpochCost | None:
     """Log and record one epoch's bill (its metrics gain cost_*), where the run measured one."""
     prices = Prices.of(cfg.cost, cfg.storage.name, cfg.accelerator.name)

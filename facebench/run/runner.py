@@ -229,7 +229,7 @@ def _run(cfg: TrainConfig, job: Job, tracker: Tracker, results: JobResults, read
     if job.world.is_main:  # the job's metrics, merged over its ranks: said once
         ranks = job.world.world_size
         say_from_bucket(cfg, ranks, emulated_distance, metrics, results, tracker)
-        say_cost(cfg, ranks, metrics, results, tracker)
+        say_cost(cfg, ranks, metrics, tracker)
     label = stages.dominant_label(metrics)
     if label:  # the runs table shows where the workers' time went
         results.tags["dominant_stage"] = label
