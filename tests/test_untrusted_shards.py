@@ -134,7 +134,7 @@ def test_images_whose_metadata_pil_fills_with_its_own_objects_still_load(tmp_pat
         info = opened.info
     assert any(type(value).__module__.startswith("PIL") for value in info.get("dpi", ())), info
 
-    data = pickle_format.encode([(7, Record(str(path), 3, CELEBA))], resize=112)
+    data = pickle_format.encode([(7, Record(str(path), 3, CELEBA))], {})
     [(image, label, sample_id)] = pickle_format.decode(data, "shard-0.pickle")
     assert (image.size, image.mode, label, sample_id) == ((128, 128), "RGB", 3, 7)
 

@@ -149,6 +149,7 @@ _AT_LEAST_ONE = (
     "epochs",
     "repeat",
     "shard_size",
+    "row_group_size",
     "loader.prefetch_factor",
     "storage.requests_per_worker",
     "storage.attempts",

@@ -45,6 +45,13 @@ class Decoder(StrEnum):
     fast = "fast"  # libspng and libjpeg-turbo called directly, PIL's pixels; uint8 as torchvision
 
 
+class ParquetMode(StrEnum):
+    """How loader=parquet reads its files through Hugging Face datasets."""
+
+    map = "map"  # a map-style Dataset (its Arrow copy), read at random by a shuffled DataLoader
+    streaming = "streaming"  # an IterableDataset: the files in turn, through a shuffle buffer
+
+
 class Sync(StrEnum):
     """When an emulated accelerator's step is waited for (facebench/run/accelerator.py)."""
 

@@ -28,6 +28,10 @@ from facebench.config.choices import (
 )
 from facebench.config.prices import CostConfig
 
+# Samples per Parquet row group: what Hugging Face's datasets writes for image sets
+# (datasets.config.PARQUET_ROW_GROUP_SIZE_FOR_IMAGE_DATASETS), so the Hub's sets read alike.
+ROW_GROUP_SIZE = 100
+
 
 @dataclass
 class DataConfig:
@@ -187,8 +191,12 @@ class CommonConfig:
     # DataLoader workers in train.py; decoding processes in prepare.py.
     n_workers: int = 5
     seed: int = 0
-    # Samples per shard (the article used 10,000).
+    # Samples per shard (the article used 10,000): a file of pickle, raw, tar and Parquet
+    # shards, a fragment of a Lance set.
     shard_size: int = 10_000
+    # format=parquet: samples per row group, the least a read of one sample fetches (a random
+    # read costs a row group; a large one compresses better and means fewer requests).
+    row_group_size: int = ROW_GROUP_SIZE
     # Samples per batch. prepare.py cuts shards that must be smaller than shard_size (so that
     # every loader worker reads its own) in whole batches of it, as train.py does.
     batch_size: int = 600

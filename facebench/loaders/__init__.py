@@ -200,6 +200,7 @@ def context(
         transform=article_transform(cfg.loader.crop, geometry),
         shards_dir=shards,
         shard_size=cfg.shard_size,
+        row_group_size=cfg.row_group_size,
         world=world or World(),
         on_bad_sample=cfg.on_bad_sample,
         verify_shards=cfg.verify_shards,

@@ -31,6 +31,7 @@ def ensure_loader_shards(ctx: LoaderContext, shard_format: str) -> dict[str, flo
             seed=ctx.seed,
             shard_size=ctx.shard_size,
             resize=ctx.geometry.resize,
+            row_group_size=ctx.row_group_size,
             readers=readers,
             batch_size=ctx.batch_size,
         )
@@ -41,6 +42,7 @@ def ensure_loader_shards(ctx: LoaderContext, shard_format: str) -> dict[str, flo
         shard_format,
         seed=ctx.seed,
         shard_size=ctx.shard_size,
+        row_group_size=ctx.row_group_size,
         n_procs=max(ctx.n_workers, 1),
         on_bad_sample=ctx.on_bad_sample,
         cache=ctx.cache,

@@ -19,6 +19,7 @@ from torch.utils.data import (
 
 from facebench import stages
 from facebench.config import LoaderConfig
+from facebench.config.schema import ROW_GROUP_SIZE
 from facebench.data.listing import Listing
 from facebench.data.sources import FACES, LabelSpace, Layout, Record
 from facebench.data.transforms import ARTICLE, Geometry
@@ -116,6 +117,8 @@ class LoaderContext:
     # A local folder, or an s3:// prefix (storage=s3); None for loaders that read no shards.
     shards_dir: Path | str | None
     shard_size: int
+    # Samples per Parquet row group (format=parquet's setting).
+    row_group_size: int = ROW_GROUP_SIZE
     # This process's place in a torchrun job; loaders split each epoch across ranks, then workers.
     world: World = field(default_factory=World)
     # Which measured epoch is being built: reshuffles, identically on every rank.
@@ -186,12 +189,15 @@ def data_loader(
     sampler: Sampler | None = None,
     shuffle: bool | None = None,
     collate: Callable[[list[tuple]], Batch] = collate_samples,
+    start_method: str | None = None,
+    worker_init: Callable[[int], None] | None = None,
 ) -> Iterable[Batch]:
     """A torch DataLoader with the settings every loader shares (drop_last, as the article).
 
     batched=True: the dataset yields whole batches itself, and the DataLoader only moves them.
     shuffle=True: a DataPipe's shufflers run (seeded by the DataLoader); map-style datasets
     take their order from `sampler` (the epoch plan's); `collate` makes their batches.
+    start_method: how its workers start (forked, by default); worker_init: run in each.
     """
     generator = torch.Generator()
     # Every worker's base seed (its random crops), and the shuffle seed DataPipes share: the
@@ -200,6 +206,10 @@ def data_loader(
     extra: dict[str, Any] = {}
     if ctx.n_workers > 0:
         extra["prefetch_factor"] = ctx.options.prefetch_factor
+        if start_method is not None:
+            extra["multiprocessing_context"] = start_method
+        if worker_init is not None:
+            extra["worker_init_fn"] = worker_init
     if not batched:
         extra["collate_fn"] = collate
     return DataLoader(

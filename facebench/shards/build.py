@@ -15,13 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from facebench.config.schema import ROW_GROUP_SIZE
 from facebench.data.listing import Listing, list_usable, source_fingerprint
 from facebench.data.sources import FACES, Layout
 from facebench.data.transforms import ARTICLE
 from facebench.errors import ConfigError
 from facebench.host.paths import cache_dir
 from facebench.shards import formats, owned, room
-from facebench.shards.freshness import resize_of, settings_for, up_to_date
+from facebench.shards.formats import resize_of
+from facebench.shards.freshness import settings_for, up_to_date
 from facebench.shards.lock import building
 from facebench.shards.manifest import INDEX_SUFFIX, Manifest, OutdatedManifest
 from facebench.shards.owned import Plan
@@ -52,6 +54,7 @@ def ensure_shards(
     listing: Listing | None = None,
     layout: Layout = FACES,
     resize: int = ARTICLE.resize,
+    row_group_size: int = ROW_GROUP_SIZE,
     readers: int | None = 1,
     batch_size: int = 1,
 ) -> ShardSet:
@@ -75,7 +78,12 @@ def ensure_shards(
             n_samples = len(listing.usable.records)
             shard_size = sized_for(n_samples, shard_size, readers, batch_size, shard_format, built)
         settings = settings_for(
-            shard_format, seed, shard_size, sorted(listing.usable.excluded), resize
+            shard_format,
+            seed,
+            shard_size,
+            sorted(listing.usable.excluded),
+            resize,
+            row_group_size,
         )
         return _ensure(folder, shard_format, settings, n_procs, cache, listing, started)
 
@@ -137,13 +145,13 @@ def _ensure(
     if shard_format.whole_set:
         samples = [(int(i), records[i]) for i in shards_cut.order()]
         shards = write_whole_set(
-            folder, shard_format, plan, samples, n_procs, cache, needed, resize
+            folder, shard_format, plan, samples, n_procs, cache, needed, settings
         )
     else:
         plan.files = [f for name in shards_cut.names for f in (name, name + INDEX_SUFFIX)]
         done = start_or_resume(folder, plan, needed)
         write_missing(
-            folder, shard_format, plan, shards_cut, done, records, n_procs, needed, resize
+            folder, shard_format, plan, shards_cut, done, records, n_procs, needed, settings
         )
         shards = [done[name] for name in shards_cut.names]
     manifest = Manifest(

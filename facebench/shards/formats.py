@@ -10,16 +10,20 @@ files of the set, in a folder of their own). Adding a format is one module that 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from facebench.data.records import Record
+from facebench.data.transforms import ARTICLE
 from facebench.errors import ConfigError
 from facebench.host.extras import Requirement
 from facebench.shards.manifest import Manifest, ShardEntry
 
 Samples = list[tuple[int, Record]]  # (sample id, record), in the order the set stores them
+# Everything besides the source files that decides what a set holds (shards/freshness.py).
+Settings = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -31,10 +35,11 @@ class ShardFormat:
     resized: bool
     # Each shard's bytes on disk, for shards of these sample counts: (sizes, records, resize).
     estimate_bytes: Callable[[list[int], list[Record], int], list[float]]
-    # Shard by shard: (samples, resize) -> the shard's bytes.
-    encode: Callable[[Samples, int], bytes] | None = None
-    # Whole set: (samples, folder, n_procs, cache, resize) -> the entries of the files it wrote.
-    write_set: Callable[[Samples, Path, int, Path, int], list[ShardEntry]] | None = None
+    # Shard by shard: (samples, the set's settings) -> the shard's bytes.
+    encode: Callable[[Samples, Settings], bytes] | None = None
+    # Whole set: (samples, folder, n_procs, cache, the set's settings) -> the entries of the
+    # files it wrote.
+    write_set: Callable[[Samples, Path, int, Path, Settings], list[ShardEntry]] | None = None
     # Whole set: whether a file of this name may be one of the library's own.
     writes: Callable[[str], bool] | None = None
     requires: Requirement | None = None
@@ -45,18 +50,33 @@ class ShardFormat:
     # library for anything facebench does not write (a serializer that unpickles, say), before
     # a loader hands the folder to that library.
     check_set: Callable[[Path, Manifest], None] | None = None
+    # Whether its files are cut into row groups of `row_group_size` samples (Parquet's unit of
+    # a read), so that the setting is one of the set's.
+    row_groups: bool = False
 
     @property
     def whole_set(self) -> bool:
         return self.write_set is not None
 
 
-_MODULES = ("pickle_format", "raw_format", "tar_format", "litdata_format")
+_MODULES = (
+    "pickle_format",
+    "raw_format",
+    "tar_format",
+    "litdata_format",
+    "parquet_format",
+    "lance_format",
+)
 
 
 def _all() -> dict[str, ShardFormat]:
     found = [importlib.import_module(f"facebench.shards.{m}").FORMAT for m in _MODULES]
     return {shard_format.name: shard_format for shard_format in found}
+
+
+def resize_of(settings: Settings) -> int:
+    """The resize a set's samples have (the article's for formats that store no resized ones)."""
+    return int(settings.get("resize", ARTICLE.resize))
 
 
 def names() -> list[str]:

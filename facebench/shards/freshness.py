@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from facebench.config.schema import ROW_GROUP_SIZE
 from facebench.data.images import CELEBA_BOX
 from facebench.data.transforms import ARTICLE
 from facebench.shards import formats
@@ -23,6 +24,7 @@ def settings_for(
     shard_size: int,
     skipped: list[str] | None = None,
     resize: int = ARTICLE.resize,
+    row_group_size: int = ROW_GROUP_SIZE,
 ) -> dict[str, Any]:
     """Everything besides the source files that decides what the shards hold."""
     settings = {
@@ -35,6 +37,8 @@ def settings_for(
     }
     if formats.get(shard_format).resized:  # its records hold resized pixels
         settings["resize"] = resize
+    if formats.get(shard_format).row_groups:
+        settings["row_group_size"] = row_group_size
     return settings
 
 
@@ -42,11 +46,6 @@ def left_out(skipped: list[str] | frozenset[str] | None) -> str:
     """The samples on_bad_sample=skip left out, as the settings record them (their paths or
     addresses, hashed)."""
     return hashlib.sha256(os.fsencode("\n".join(sorted(skipped or [])))).hexdigest()
-
-
-def resize_of(settings: dict[str, Any]) -> int:
-    """The resize a set's samples have (the article's for formats that store no resized ones)."""
-    return int(settings.get("resize", ARTICLE.resize))
 
 
 def up_to_date(folder: Path, fingerprint: str, settings: dict[str, Any]) -> Manifest | None:

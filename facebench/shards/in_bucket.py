@@ -18,11 +18,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+from facebench.config.schema import ROW_GROUP_SIZE
 from facebench.data.listing import Listing
 from facebench.errors import ShardError
 from facebench.shards import formats
 from facebench.shards.build import ShardSet, sized_for
-from facebench.shards.freshness import left_out, resize_of, settings_for
+from facebench.shards.formats import resize_of
+from facebench.shards.freshness import left_out, settings_for
 from facebench.shards.manifest import MANIFEST, Manifest
 from facebench.storage.address import parse
 from facebench.storage.sync import Uploaded, upload_tree
@@ -69,6 +71,7 @@ def trusted_bucket_set(
     resize: int,
     readers: int,
     batch_size: int,
+    row_group_size: int = ROW_GROUP_SIZE,
 ) -> Manifest:
     """The set under folder, if it was made from these objects with these settings and every
     shard is there at its size (one listing); else refused with the prepare.py that fixes it."""
@@ -88,7 +91,8 @@ def trusted_bucket_set(
         prepared = sized_for(n_samples, shard_size, None, batch_size, format_name, built)
         serves = built == prepared and -(-n_samples // built) >= readers
         shard_size = built if serves else for_run
-    wanted = settings_for(format_name, seed, shard_size, sorted(listing.usable.excluded), resize)
+    skipped = sorted(listing.usable.excluded)
+    wanted = settings_for(format_name, seed, shard_size, skipped, resize, row_group_size)
     if manifest.source_fingerprint != listing.fingerprint:
         raise ShardError(
             f"{folder}: made from other objects than those listed now under the prefix (added, "

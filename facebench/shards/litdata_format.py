@@ -26,7 +26,6 @@ before LitData reads it (check_set), and the loader gives LitData no serializer 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import logging
@@ -42,8 +41,15 @@ from facebench.data.images import BadImage, bad_image, open_sample
 from facebench.data.sources import Record
 from facebench.errors import ShardError
 from facebench.host.extras import Requirement
-from facebench.shards.formats import ShardFormat
-from facebench.shards.manifest import Folder, Manifest, ShardEntry, entry_path, read_verified
+from facebench.shards.formats import Settings, ShardFormat, resize_of
+from facebench.shards.manifest import (
+    Folder,
+    Manifest,
+    ShardEntry,
+    entry_path,
+    file_sha256,
+    read_verified,
+)
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +104,7 @@ class Items:
 
 
 def write_set(
-    samples: list[tuple[int, Record]], folder: Path, n_procs: int, cache: Path, resize: int
+    samples: list[tuple[int, Record]], folder: Path, n_procs: int, cache: Path, settings: Settings
 ) -> list:
     """Write every sample (in this order) with litdata.optimize into folder, a staging folder of
     facebench's own (optimize may empty it); its chunks, as manifest entries (index_sha256
@@ -117,7 +123,7 @@ def write_set(
     try:
         with contextlib.redirect_stdout(printed):
             litdata.optimize(
-                fn=Items(errors, resize),
+                fn=Items(errors, resize_of(settings)),
                 inputs=samples,
                 output_dir=str(folder),
                 chunk_bytes=CHUNK_BYTES,
@@ -147,12 +153,12 @@ def write_set(
 def entries(folder: Path) -> list[ShardEntry]:
     """litdata's index and chunks, each with its size and sha256."""
     index = json.loads((folder / INDEX).read_text(encoding="utf-8"))
-    found = [ShardEntry(INDEX, 0, (folder / INDEX).stat().st_size, _sha256(folder / INDEX), "")]
+    found = [ShardEntry(INDEX, 0, (folder / INDEX).stat().st_size, file_sha256(folder / INDEX), "")]
     for chunk in index["chunks"]:
         path = folder / chunk["filename"]
         found.append(
             ShardEntry(
-                chunk["filename"], chunk["chunk_size"], path.stat().st_size, _sha256(path), ""
+                chunk["filename"], chunk["chunk_size"], path.stat().st_size, file_sha256(path), ""
             )
         )
     return found
@@ -219,14 +225,6 @@ def serializers() -> dict[str, object]:
     from litdata.streaming.serializers import _SERIALIZERS  # every name LitData would resolve
 
     return {name: Refused(name) for name in _SERIALIZERS if name not in SERIALIZERS}
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        while block := file.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # Written by one litdata.optimize call, not shard by shard; items hold resized pixels.

@@ -166,6 +166,15 @@ class Manifest:
         return wrong
 
 
+def file_sha256(path: Path) -> str:
+    """A local file's sha256, read in blocks (a whole-set format's files may be large)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while block := file.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def read_verified(path: Path | str, sha256: str) -> bytes:
     """A shard's bytes (a file's, or an object's), only if they hash to what the manifest
     recorded.

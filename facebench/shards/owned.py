@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,9 @@ def manifest_files(folder: Path) -> set[str]:
             f"{path}: not a facebench manifest, and facebench writes its own there. Move that "
             "file away, or set shards_dir=/another/folder"
         ) from None
-    return {name for name in names if _plain(name)}
+    # A whole-set format's library may write folders (Lance's data/): facebench owns the
+    # top-level folder its manifest names files in.
+    return {name.split("/", 1)[0] for name in names if _plain(name.split("/", 1)[0])}
 
 
 def owned(folder: Path, plan: Plan | None = None) -> set[str]:
@@ -112,8 +115,12 @@ def bytes_of(folder: Path, names: set[str]) -> int:
     """Bytes those files take now (the room a rebuild gets back)."""
     total = 0
     for name in names:
+        path = folder / name
         try:
-            total += os.lstat(folder / name).st_size
+            if path.is_dir() and not path.is_symlink():
+                total += sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+            else:
+                total += os.lstat(path).st_size
         except OSError:
             continue
     return total
@@ -125,6 +132,8 @@ def remove(folder: Path, names: set[str]) -> None:
         path = folder / name
         if path.is_file() or path.is_symlink():
             path.unlink(missing_ok=True)
+        elif path.is_dir():  # a folder a whole-set format's library wrote (Lance's data/)
+            shutil.rmtree(path)
     remove_staging(folder, names)
     done = folder / DONE
     for name in names:

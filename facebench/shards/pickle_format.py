@@ -23,7 +23,7 @@ from facebench.data.images import open_sample
 from facebench.data.sources import Record
 from facebench.errors import ShardError
 from facebench.shards import room
-from facebench.shards.formats import ShardFormat
+from facebench.shards.formats import Settings, ShardFormat
 
 _FRAMING_BYTES = 160  # a pickled PIL image's mode, size and class, the label and the id
 # The only global a pickle shard names: the image class. Its state (info, mode, size, palette,
@@ -36,7 +36,7 @@ class UnsafeShard(ShardError):
     """A pickle shard that names something facebench never writes into one."""
 
 
-def encode(samples: list[tuple[int, Record]], resize: int) -> bytes:
+def encode(samples: list[tuple[int, Record]], settings: Settings) -> bytes:
     """(sample id, record) pairs -> the pickled shard."""
     decoded = []
     for sample_id, record in samples:

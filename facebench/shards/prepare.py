@@ -71,6 +71,7 @@ def _build(cfg: PrepareConfig, root: Path) -> ShardSet:
             cache=cache_dir(cfg.data.cache_dir),
             layout=data_layout(cfg.data),
             resize=cfg.transform.resize,
+            row_group_size=cfg.row_group_size,
             readers=None,  # for whichever worker counts train.py will use (up to 16)
             batch_size=cfg.batch_size,
         )

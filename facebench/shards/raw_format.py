@@ -21,7 +21,7 @@ from torchvision.transforms import functional
 from facebench.data.images import open_sample
 from facebench.data.sources import Record
 from facebench.errors import ShardError
-from facebench.shards.formats import ShardFormat
+from facebench.shards.formats import Settings, ShardFormat, resize_of
 
 
 def shape(resize: int) -> tuple[int, int, int]:
@@ -50,8 +50,9 @@ def gather(
     return None
 
 
-def encode(samples: list[tuple[int, Record]], resize: int) -> bytes:
+def encode(samples: list[tuple[int, Record]], settings: Settings) -> bytes:
     """(sample id, record) pairs -> an .npy file of their resize x resize uint8 images."""
+    resize = resize_of(settings)
     images = np.empty((len(samples), *shape(resize)), dtype=np.uint8)
     for row, (_, record) in enumerate(samples):
         image = functional.resize(open_sample(record.path, record.source), [resize, resize])

@@ -15,7 +15,7 @@ import tarfile
 from facebench.data.folder import FOLDER
 from facebench.data.sources import CELEBA, DIGIFACE, Record
 from facebench.shards import room
-from facebench.shards.formats import ShardFormat
+from facebench.shards.formats import Settings, ShardFormat
 
 # Each sample's image member, by source: the key says how to treat it (CelebA: its crop box).
 IMAGE_KEYS = {CELEBA: "jpg", DIGIFACE: "png", FOLDER: "img"}
@@ -36,7 +36,7 @@ def estimate_bytes(sizes: list[int], records: list[Record], resize: int) -> list
     return [size * per_sample + tarfile.RECORDSIZE for size in sizes]
 
 
-def encode(samples: list[tuple[int, Record]], resize: int) -> bytes:
+def encode(samples: list[tuple[int, Record]], settings: Settings) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for sample_id, record in samples:

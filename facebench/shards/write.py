@@ -24,7 +24,7 @@ from facebench.host.parallel import map_in_processes
 from facebench.host.progress import progress
 from facebench.host.resources import usable_cores
 from facebench.shards import formats, owned, room
-from facebench.shards.formats import ShardFormat
+from facebench.shards.formats import Settings, ShardFormat
 from facebench.shards.manifest import MANIFEST, ShardEntry, encode_index, read_verified
 from facebench.shards.owned import DONE, Plan
 from facebench.shards.plan import Cut
@@ -69,11 +69,11 @@ def write_missing(
     records: list[Record],
     n_procs: int,
     needed: int,
-    resize: int,
+    settings: Settings,
 ) -> None:
     """Write the shards not done yet (in processes), adding each to `done` as it is finished."""
     tasks = [
-        (shard_format.name, str(folder), name, [(int(i), records[i]) for i in chunk], resize)
+        (shard_format.name, str(folder), name, [(int(i), records[i]) for i in chunk], settings)
         for name, chunk in zip(cut.names, cut.chunks, strict=True)
         if name not in done
     ]
@@ -106,7 +106,7 @@ def write_whole_set(
     n_procs: int,
     cache: Path,
     needed: int,
-    resize: int,
+    settings: Settings,
 ) -> list[ShardEntry]:
     """The format's own library writes every sample (in this order) into a staging folder; then
     the older set's files (facebench's, named in its manifest or plan) make way for the new
@@ -124,13 +124,15 @@ def write_whole_set(
     staging.mkdir()
     log.info("writing %d samples as format=%s into %s", len(samples), shard_format.name, folder)
     try:
-        entries = shard_format.write_set(samples, staging, n_procs, cache, resize)
+        entries = shard_format.write_set(samples, staging, n_procs, cache, settings)
         names = sorted(path.name for path in staging.iterdir())
         owned.refuse_in_the_way(folder, owned.in_the_way(folder, names, ours))
         plan.files = names
         plan.write(folder)  # before the move: a kill half way leaves them named as facebench's
         owned.remove(folder, ours - set(names))
         for name in names:
+            if name in ours and (folder / name).is_dir():  # a rename replaces no folder
+                owned.remove(folder, {name})
             os.replace(staging / name, folder / name)
     except OSError as error:
         if error.errno in room.DISK_FULL:
@@ -170,9 +172,9 @@ def _finished_shards(folder: Path, plan: Plan) -> dict[str, ShardEntry]:
     return done
 
 
-def _write_shard(task: tuple[str, str, str, list[tuple[int, Record]], int]) -> ShardEntry:
-    format_name, folder, name, samples, resize = task
-    data = formats.get(format_name).encode(samples, resize)
+def _write_shard(task: tuple[str, str, str, list[tuple[int, Record]], Settings]) -> ShardEntry:
+    format_name, folder, name, samples, settings = task
+    data = formats.get(format_name).encode(samples, settings)
     index = encode_index([i for i, _ in samples], [r.label for _, r in samples])
     entry = ShardEntry(
         name=name,
