@@ -101,6 +101,14 @@ def synthetic_root(cache: Path) -> Path:
     return ensure_synthetic(cache, n_images=120, seed=0, n_procs=1)
 
 
+@pytest.fixture
+def data_copy(tmp_path, synthetic_root) -> Path:
+    """A private copy of the synthetic tree, safe to change."""
+    root = tmp_path / "data"
+    shutil.copytree(synthetic_root, root, ignore=shutil.ignore_patterns("facebench-shards"))
+    return root
+
+
 @pytest.fixture(scope="session")
 def default_size_root(cache: Path) -> Path:
     """train.py's default set, 6,000 images, for the tests that need epochs that long. Session

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import shutil
 import signal
 import subprocess
 import sys
@@ -34,13 +33,6 @@ USER_FILES = {
 }
 
 
-@pytest.fixture
-def data_copy(tmp_path, synthetic_root) -> Path:
-    root = tmp_path / "data"
-    shutil.copytree(synthetic_root, root, ignore=shutil.ignore_patterns("facebench-shards"))
-    return root
-
-
 def _put_user_files(folder: Path) -> None:
     for name, text in USER_FILES.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
@@ -62,30 +54,31 @@ def _assert_only_the_set_and_user_files(folder: Path) -> None:
 
 
 def _fail_after(monkeypatch, shard_format: str, n: int) -> None:
-    """Make the next build of this format stop after n shards (n samples for litdata), as a
-    Ctrl-C would stop it."""
+    """Make the next build of this format stop after n shards (n samples for a format written
+    whole, as litdata and lance are), as a Ctrl-C would stop it."""
     module = importlib.import_module(f"facebench.shards.{shard_format}_format")
-    if shard_format == "litdata":
+    if module.FORMAT.whole_set:
         write_set = _interrupted_write_set(module.FORMAT.write_set, n)
         monkeypatch.setattr(module, "FORMAT", replace(module.FORMAT, write_set=write_set))
         return
     original = module.FORMAT.encode
     calls = {"n": 0}
 
-    def encode(samples, resize):
+    def encode(samples, settings):
         calls["n"] += 1
         if calls["n"] > n:
             raise KeyboardInterrupt
-        return original(samples, resize)
+        return original(samples, settings)
 
     monkeypatch.setattr(module, "FORMAT", replace(module.FORMAT, encode=encode))
 
 
 def _interrupted_write_set(write_set, n: int):
-    """litdata: the library writes part of the set into the staging folder, then is stopped."""
+    """A format written whole: its library writes part of the set into the staging folder,
+    then is stopped."""
 
-    def interrupted(samples, folder, n_procs, cache, resize):
-        write_set(samples[:n], folder, n_procs, cache, resize)
+    def interrupted(samples, folder, n_procs, cache, settings):
+        write_set(samples[:n], folder, n_procs, cache, settings)
         raise KeyboardInterrupt
 
     return interrupted
@@ -126,6 +119,7 @@ def test_user_files_survive_a_build_a_rebuild_and_a_resumed_build(
         ("pickle", "shard-00000.pickle"),
         ("raw", "shard-00001.npy.index.npy"),
         ("litdata", "index.json"),
+        ("lance", "_versions"),
     ],
 )
 def test_a_user_file_in_the_way_is_named_and_left_alone(data_copy, tmp_path, shard_format, clash):

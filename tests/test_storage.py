@@ -82,6 +82,8 @@ SHARD_LOADERS = [
     ("webdataset", ["loader.decoder=pil"], "tar"),
     ("s3connector", ["loader.reads=shards"], "tar"),
     pytest.param("litdata", [], "litdata", marks=pytest.mark.slow),
+    pytest.param("parquet", ["loader.mode=streaming"], "parquet", marks=pytest.mark.slow),
+    pytest.param("lance", [], "lance", marks=pytest.mark.slow),
 ]
 
 
@@ -372,6 +374,13 @@ def test_shard_loader_reads_the_shards_uploaded_beside_the_data(
     # indexes too (their labels are checked against them); not LitData's index.json, read
     # once before the epoch. raw: a range GET per sample.
     sizes = listed(shards)
+    fetches = totals.fetches.requests if totals.fetches is not None else 0
+    if shard_format == "parquet":  # a file's footer, then its row groups: ranged GETs
+        assert len(manifest.shards) <= fetches <= 3 * len(manifest.shards)
+        return
+    if shard_format == "lance":  # a take's reads of its rows' pages, each a ranged GET
+        assert len(batches) <= fetches and totals.fetches.bytes > 0
+        return
     if shard_format == "raw":
         assert totals.fetches.requests == len(seen)
         assert totals.fetches.bytes == len(seen) * 112 * 112 * 3
@@ -384,6 +393,27 @@ def test_shard_loader_reads_the_shards_uploaded_beside_the_data(
         return
     assert totals.fetches.requests == len(read)
     assert totals.fetches.bytes == sum(sizes[name][0] for name in read)
+
+
+@pytest.mark.slow
+def test_parquet_map_mode_copies_the_bucket_before_the_clock(
+    s3: server.Running, uploaded: str, synthetic_root: Path, make_cfg, prepare_here, tmp_path
+) -> None:
+    """datasets' map-style Dataset reads its Arrow copy: made from the bucket in set-up (each
+    file one GET, counted there), then the epoch reads no object."""
+    prepare_here(*plain(s3, uploaded), "format=parquet", "batch_size=8")
+    manifest = Manifest.read(f"{uploaded}/facebench-shards/parquet")
+    # A cache of its own: the copy is made here, not found from another test's.
+    spec, ctx = _bucket_ctx(make_cfg, s3, uploaded, "parquet", f"data.cache_dir={tmp_path}")
+    metrics = spec.set_up_job(ctx)
+    # Each file downloaded whole, and datasets first reads a file's schema (its features).
+    assert len(manifest.shards) <= metrics["parquet_copy_gets"] <= len(manifest.shards) + 1
+    assert metrics["parquet_copy_mb"] * 1e6 >= sum(s.bytes for s in manifest.shards)
+    totals, batches = stages.begin_epoch(True), list(spec.build(ctx))
+    for batch in batches:
+        totals.add_batch(batch.stages)
+    assert totals.fetches is None or totals.fetches.requests == 0
+    assert_same_samples(delivered(batches), expected(synthetic_root))
 
 
 def test_a_shard_set_in_a_bucket_is_trusted_only_whole_and_current(

@@ -59,8 +59,8 @@ class LoaderSpec:
     # controls. None: it reads the image files.
     shard_format: str | Callable[[LoaderConfig], str | None] | None = None
     # Whether each worker batches its own shards (one partial batch per worker may be dropped)
-    # rather than the epoch being batched in one place.
-    batches_per_worker: bool = False
+    # rather than the epoch being batched in one place; or a function of its options that says.
+    batches_per_worker: bool | Callable[[LoaderConfig], bool] = False
     # A compute ceiling: no real samples, nothing to count, nothing read.
     ceiling: bool = False
     # Work before the first epoch, once per job, in place of building shard_format (its return
@@ -89,6 +89,9 @@ class LoaderSpec:
     bucket_refusal: str | None = "it does not read from a bucket yet"
     # Why it cannot read this machine's files (storage=local), where it cannot: None for most.
     local_refusal: str | None = None
+    # The files an epoch reads where they are not its shards (a library's own copy of them,
+    # whose page cache `cache=` controls); None: its shards', or the image files.
+    epoch_files: Callable[[LoaderContext], list[str]] | None = None
     # The S3 client its library makes for itself (storage.client, which every other loader's
     # GETs go through, cannot change it); None: it reads through storage.client.
     own_client: str | None = None
@@ -98,6 +101,13 @@ class LoaderSpec:
         if isinstance(self.traits, Traits):
             return self.traits
         return self.traits(options if options is not None else self.options())
+
+    def batches_per_worker_for(self, options: LoaderConfig | None = None) -> bool:
+        """Whether its workers batch their own shards, with these options (its defaults when
+        none are given)."""
+        if callable(self.batches_per_worker):
+            return self.batches_per_worker(options if options is not None else self.options())
+        return self.batches_per_worker
 
     def format_for(self, options: LoaderConfig | None = None) -> str | None:
         """The shard format it reads with these options (its defaults when none are given)."""
@@ -149,6 +159,8 @@ class LoaderSpec:
         """The files an epoch reads: its shards, or every image, or nothing."""
         if self.ceiling:
             return []
+        if self.epoch_files is not None and (found := self.epoch_files(ctx)):
+            return found
         if self.format_for(ctx.options) is not None:
             return shard_files(ctx)
         # Objects in a bucket have no page cache here to warm, evict or inspect.

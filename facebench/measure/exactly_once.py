@@ -24,7 +24,7 @@ def check_exactly_once(
             "epoch; its results would misreport the pipeline. This is a bug in the loader"
         )
     world_size = int(metrics.get("world_size", 1))
-    if loader.batches_per_worker:
+    if loader.batches_per_worker_for(cfg.loader):
         workers = max(cfg.n_workers, 1) * world_size
         low, high = max(0, n_samples - workers * (batch - 1)), n_samples
         ok = low <= seen <= high and seen % batch == 0

@@ -21,26 +21,32 @@ if TYPE_CHECKING:
 REQUIREMENT = Requirement("s3fs", "s3clients")
 
 
-def make(endpoint: Endpoint) -> Any:
-    import s3fs
-
-    made = s3fs.S3FileSystem(
-        endpoint_url=endpoint.address or None,
-        profile=endpoint.profile or None,
-        client_kwargs={"region_name": endpoint.region},
-        config_kwargs={
+def options(endpoint: Endpoint) -> dict[str, Any]:
+    """An S3FileSystem's options for this endpoint (a library that reads through s3fs itself,
+    as Hugging Face datasets does, takes them as its storage_options)."""
+    return {
+        "endpoint_url": endpoint.address or None,
+        "profile": endpoint.profile or None,
+        "client_kwargs": {"region_name": endpoint.region},
+        "config_kwargs": {
             "connect_timeout": 3,
             "read_timeout": 30,
             "max_pool_connections": max(endpoint.in_flight, 1),
             "retries": {"total_max_attempts": 1, "mode": "standard"},
             "s3": {"addressing_style": "path" if endpoint.path_style else "virtual"},
         },
-        skip_instance_cache=True,
-        use_listings_cache=False,
+        "skip_instance_cache": True,
+        "use_listings_cache": False,
         # One GET an object: above 1, cat_file asks each object's size first (a HEAD) to
         # split large ones; the GETs in flight are storage/client.py's threads.
-        max_concurrency=1,
-    )
+        "max_concurrency": 1,
+    }
+
+
+def make(endpoint: Endpoint) -> Any:
+    import s3fs
+
+    made = s3fs.S3FileSystem(**options(endpoint))
     made.retries = 1  # s3fs's own retries of what it deems transient: storage/client.py's own
     return made
 
