@@ -18,7 +18,7 @@ import pytest
 from facebench.errors import ShardError
 from facebench.shards import formats, owned
 from facebench.shards.build import ensure_shards
-from facebench.shards.manifest import Manifest
+from facebench.shards.manifest import MANIFEST, Manifest
 
 FORMATS = formats.names()
 STALLED = Path(__file__).with_name("stalled_build.py")
@@ -30,6 +30,7 @@ USER_FILES = {
     "shard-00000-backup.npy": "not a shard",
     ".hidden": "a dot file",
     "index.json.bak": "{}",
+    "data/mine.txt": "in a folder Lance writes into: it stays, and so does its folder",
 }
 
 
@@ -48,7 +49,7 @@ def _assert_only_the_set_and_user_files(folder: Path) -> None:
     """Nothing of an older set or of an unfinished build is left beside the new set."""
     manifest = Manifest.read(folder)
     assert manifest is not None
-    ours = owned.manifest_files(folder) | {"manifest.json", ".lock"}
+    ours = {name.split("/")[0] for name in owned.manifest_files(folder)} | {MANIFEST, ".lock"}
     users = {name.split("/")[0] for name in USER_FILES}
     assert {path.name for path in folder.iterdir()} == ours | users
 

@@ -45,6 +45,11 @@ def set_max_pixels(limit: int) -> None:
     _max_pixels = limit
 
 
+def max_pixels() -> int:
+    """The limit set_max_pixels set in this process (for workers that do not inherit it)."""
+    return _max_pixels
+
+
 def within_limit(width: int, height: int) -> bool:
     return not _max_pixels or width * height <= _max_pixels
 

@@ -32,12 +32,19 @@ from torch.utils.data import Dataset
 
 from facebench import stages
 from facebench.config import Decoder, LoaderConfig
+from facebench.data.images import max_pixels, set_max_pixels
+from facebench.errors import ShardError
 from facebench.host import forkserver
 from facebench.host.extras import Requirement
 from facebench.loaders import shared
 from facebench.loaders.columnar import DecodeRows, Rows, RowSampler, row_numbers
 from facebench.loaders.decoding import DecodeStage
-from facebench.loaders.shardsets import ensure_loader_shards, open_shard_set
+from facebench.loaders.shardsets import (
+    OpenShardSet,
+    ShardGuard,
+    ensure_loader_shards,
+    open_shard_set,
+)
 from facebench.loaders.shared import Batch, LoaderContext, data_loader
 from facebench.loaders.spec import LoaderSpec, decoder_traits
 from facebench.shards import lance_format
@@ -57,12 +64,14 @@ class Options(LoaderConfig):
 
 class Takes(Dataset):
     """The dataset's rows, a batch at a time (DataLoader's `__getitems__`): one take, timed
-    as the read stage, as a Rows for DecodeRows. Opened in each worker on its first batch."""
+    as the read stage, as a Rows for DecodeRows. Opened in each worker on its first batch (its
+    opening's reads counted with that batch). A take that fails is named in one line, as a
+    damaged set or one rebuilt during the run (the guard tells them apart)."""
 
-    def __init__(self, uri: str, options: dict[str, str] | None, n_rows: int) -> None:
-        self.uri = uri
+    def __init__(self, options: dict[str, str] | None, n_rows: int, guard: ShardGuard) -> None:
         self.options = options
         self.n_rows = n_rows
+        self.guard = guard
         self._dataset: Any = None
 
     def __len__(self) -> int:
@@ -72,16 +81,19 @@ class Takes(Dataset):
         return {**self.__dict__, "_dataset": None}  # each process opens its own
 
     def __getitems__(self, rows: list[int]) -> Rows:
-        if self._dataset is None:
-            self._dataset = open_dataset(self.uri, self.options)
-            self._dataset.io_stats_incremental()  # the opening's reads are not this batch's
+        uri = str(self.guard.folder)
         start = stages.now()
-        table = self._dataset.take(rows, columns=list(COLUMNS))
-        elapsed = stages.now()[0] - start[0]
+        if self._dataset is None:
+            self._dataset = open_dataset(uri, self.options)
+        try:
+            with self.guard.reading(uri):
+                table = self._dataset.take(rows, columns=list(COLUMNS))
+        except (ValueError, RuntimeError) as error:  # pylance's other errors
+            raise ShardError(
+                f"{uri}: Lance could not read rows ({error}). Rebuild: {REBUILD}"
+            ) from None
         if self.options is not None:  # a bucket's: each read a GET
-            read = self._dataset.io_stats_incremental()
-            for _ in range(read.read_iops):
-                stages.fetched(read.read_bytes // max(read.read_iops, 1), elapsed, elapsed, 0, 0)
+            _count_gets(self._dataset.io_stats_incremental(), stages.now()[0] - start[0])
         stages.lap(stages.READ, start)
         return Rows(
             table.column("id").to_pylist(),
@@ -93,39 +105,62 @@ class Takes(Dataset):
         )
 
 
-class TimingInWorkers:
-    """A worker_init_fn: the parent's stage timing, in a worker that did not inherit it."""
+def _count_gets(read: Any, elapsed_ns: int) -> None:
+    """Lance's reads since the last count, each a GET: its share of the bytes (the first
+    takes the remainder), the take's whole time as its latency (Lance reports no times)."""
+    share, extra = divmod(read.read_bytes, max(read.read_iops, 1))
+    for index in range(read.read_iops):
+        stages.fetched(share + (extra if index == 0 else 0), elapsed_ns, elapsed_ns, 0, 0)
+
+
+class InWorkers:
+    """A worker_init_fn: what a worker started from the forkserver does not inherit from the
+    job: its stage timing and its data.max_pixels."""
 
     def __init__(self) -> None:
-        self.on = stages.timing()
+        self.timing = stages.timing()
+        self.max_pixels = max_pixels()
 
     def __call__(self, worker_id: int) -> None:
-        stages.set_timing(self.on)
+        stages.set_timing(self.timing)
+        set_max_pixels(self.max_pixels)
+
+
+_rows: dict[tuple[str, str], np.ndarray] = {}  # each set's row numbers, read once per process
+
+
+def _row_numbers(ctx: LoaderContext, check: bool) -> tuple[OpenShardSet, np.ndarray]:
+    """The set (checked, where `check`: its version, format and schema) and its rows' sample
+    ids as the epoch plan's row numbers, read once (the whole id column: from a bucket, GETs)."""
+    shard_set = open_shard_set(ctx, check=check)
+    key = (str(shard_set.folder), shard_set.guard.digest)
+    if key not in _rows:
+        ids = open_dataset(key[0]).to_table(columns=["id"]).column("id").to_numpy()
+        _rows[key] = row_numbers(ids, len(ctx.records), key[0])
+    return shard_set, _rows[key]
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:
-    shard_set = open_shard_set(ctx)  # opens the dataset: its version, format and schema
+    shard_set, rows = _row_numbers(ctx, check=False)  # checked in set-up, before the clock
     uri = str(shard_set.folder)
-    options = storage_options(uri)
-    ids = open_dataset(uri, options).to_table(columns=["id"]).column("id").to_numpy()
-    rows = row_numbers(ids, len(ctx.records), uri)
     labels = np.array([record.label for record in ctx.records], dtype=np.int64)
-    collate = DecodeRows(DecodeStage.of(ctx), labels, uri, REBUILD)
     return data_loader(
-        Takes(uri, options, len(ids)),
+        Takes(storage_options(uri), len(rows), shard_set.guard),
         ctx,
         sampler=RowSampler(ctx.plan, rows),
-        collate=collate,
+        collate=DecodeRows(DecodeStage.of(ctx), labels, uri, REBUILD),
         start_method=START_METHOD,
-        worker_init=TimingInWorkers(),
+        worker_init=InWorkers(),
     )
 
 
 def set_up(ctx: LoaderContext) -> dict[str, float]:
-    """Once per job, before the clock: the dataset built if missing, and the forkserver its
-    workers start from running, with torch and this module loaded. Lance itself is loaded by
-    each worker: a process that has loaded it warns at each fork."""
+    """Once per job, before the clock: the dataset built if missing, checked, its rows'
+    sample ids read; and the forkserver its workers start from running, with torch and this
+    module loaded. Lance itself is loaded by each worker: a process that has loaded it warns at
+    each fork."""
     metrics = ensure_loader_shards(ctx, "lance")
+    _row_numbers(ctx, check=True)
     if ctx.n_workers > 0:
         forkserver.start(["torch", "torchvision", "pyarrow", __name__])
     return metrics

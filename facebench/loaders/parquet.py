@@ -68,10 +68,27 @@ class Options(LoaderConfig):
     decoder: Decoder = Decoder.torchvision
 
 
+def _features() -> Any:
+    """The set's columns as datasets types: given, so that datasets reads no file's schema to
+    infer them (a GET more from a bucket); each file's footer was checked in set-up."""
+    from datasets import Features, Value
+
+    return Features(
+        {
+            "id": Value("int64"),
+            "label": Value("int64"),
+            "source": Value("string"),
+            "path": Value("binary"),
+            "image": Value("binary"),
+        }
+    )
+
+
 def _load(shard_set: OpenShardSet, cache: str, streaming: bool) -> Any:
     """datasets.load_dataset over the set's files (its Arrow copy made or found, unless
     streaming); one line naming the set where datasets cannot read it."""
     import datasets
+    from datasets.exceptions import DatasetsError
 
     datasets.logging.set_verbosity_error()  # its progress bars and notices, not facebench's
     datasets.disable_progress_bars()
@@ -80,15 +97,18 @@ def _load(shard_set: OpenShardSet, cache: str, streaming: bool) -> Any:
             "parquet",
             data_files=shard_set.paths(),
             split="train",
+            features=_features(),
             cache_dir=cache,
             streaming=streaming,
             storage_options=parquet_bucket.storage_options(shard_set.folder),
         )
-    except (OSError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
+    except (OSError, ValueError, DatasetsError) as error:  # ArrowInvalid is a ValueError
+        cause = error.__cause__ or error  # datasets wraps what failed while it wrote its copy
+        said = str(cause).strip().splitlines()[0] if str(cause).strip() else repr(cause)
+        where = f"its Arrow copy in {cache} (is there room?), " if not streaming else ""
         raise ShardError(
-            f"{shard_set.folder}: Hugging Face datasets cannot read these Parquet files "
-            f"({str(error).strip().splitlines()[0] if str(error).strip() else error!r}). "
-            f"Rebuild: {REBUILD}"
+            f"{shard_set.folder}: Hugging Face datasets could not read these Parquet files or "
+            f"write {where}({said}). If the files are damaged, rebuild: {REBUILD}"
         ) from None
 
 
@@ -219,7 +239,7 @@ def _build_streaming(ctx: LoaderContext, shard_set: OpenShardSet) -> Iterable[Ba
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:
-    shard_set = open_shard_set(ctx)
+    shard_set = open_shard_set(ctx, check=False)  # checked in set-up, before the clock
     if ctx.options.mode == ParquetMode.streaming:
         return _build_streaming(ctx, shard_set)
     return _build_map(ctx, shard_set)
@@ -230,9 +250,10 @@ def set_up(ctx: LoaderContext) -> dict[str, float]:
     made (or found) before the clock, with the GETs a copy from a bucket took."""
     metrics = ensure_loader_shards(ctx, "parquet")
     parquet_bucket.counting()
+    shard_set = open_shard_set(ctx)  # each file's footer checked, before the clock
     if ctx.options.mode == ParquetMode.map:
         started = time.perf_counter()
-        arrow_copy(ctx, open_shard_set(ctx))
+        arrow_copy(ctx, shard_set)
         metrics["parquet_arrow_s"] = time.perf_counter() - started
         metrics.update(parquet_bucket.set_up_gets())
     return metrics
@@ -241,7 +262,8 @@ def set_up(ctx: LoaderContext) -> dict[str, float]:
 def epoch_files(ctx: LoaderContext) -> list[str]:
     """The files an epoch reads: datasets' Arrow copy in map mode, else the Parquet files."""
     if ctx.options.mode == ParquetMode.map:
-        return [found["filename"] for found in arrow_copy(ctx, open_shard_set(ctx)).cache_files]
+        copy = arrow_copy(ctx, open_shard_set(ctx, check=False))
+        return [found["filename"] for found in copy.cache_files]
     return []  # the shards' own: LoaderSpec.data_files
 
 

@@ -11,6 +11,7 @@ answer's headers, as its first byte and its latency, and with the bytes the answ
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import time
 from typing import Any
@@ -24,6 +25,16 @@ from facebench.storage.clients import fsspec as fsspec_client
 # GETs made by s3fs's thread in this process, not yet counted with a batch: (bytes, ns).
 _gets: list[tuple[int, int]] = []
 _lock = threading.Lock()
+
+
+def _forked() -> None:
+    """A forked worker counts its own GETs, not those its parent made before the fork."""
+    global _lock
+    _lock = threading.Lock()
+    _gets.clear()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def storage_options(folder: Folder) -> dict[str, Any] | None:
@@ -72,6 +83,10 @@ def counting() -> None:
         return
 
     class CountingS3FileSystem(s3fs.S3FileSystem):
+        # s3fs retries what it deems transient 5 times by default, beyond botocore's
+        # attempts (storage.attempts, in storage_options): one try of its own.
+        retries = 1
+
         async def _call_s3(self, method: str, *args: Any, **kwargs: Any) -> Any:
             if method != "get_object":
                 return await super()._call_s3(method, *args, **kwargs)

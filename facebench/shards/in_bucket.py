@@ -100,8 +100,9 @@ def trusted_bucket_set(
         )
     keys = {*wanted, *manifest.settings}
     differing = sorted(key for key in keys if manifest.settings.get(key) != wanted.get(key))
-    if "shard_size" in differing:  # cut for other worker counts: say the size this run needs
-        upload = upload.replace(" storage.url=", f" shard_size={wanted['shard_size']} storage.url=")
+    for key in ("shard_size", "row_group_size"):  # say the values this run needs
+        if key in differing and key in wanted:
+            upload = upload.replace(" storage.url=", f" {key}={wanted[key]} storage.url=")
     if differing:
         shown = ", ".join(
             f"{key} {manifest.settings.get(key)} (this run: {wanted.get(key)})" for key in differing

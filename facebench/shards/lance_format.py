@@ -18,6 +18,7 @@ import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from facebench.data.records import Record
 from facebench.errors import ShardError
@@ -27,6 +28,10 @@ from facebench.shards.formats import Settings, ShardFormat
 from facebench.shards.manifest import Folder, Manifest, ShardEntry, file_sha256
 from facebench.storage import client
 from facebench.storage.address import in_bucket
+
+if TYPE_CHECKING:  # pyarrow and lance are imported where they are used
+    import pyarrow as pa
+    from lance import LanceDataset
 
 # Lance warns at every fork of a process that loaded it. facebench reads Lance only in the job
 # itself and in workers started from a forkserver (loaders/lance.py), never in a forked child:
@@ -51,7 +56,7 @@ def estimate_bytes(sizes: list[int], records: list[Record], resize: int) -> list
     return [float(room.mean_file_bytes(records) + 64) * sum(sizes) + 4096 * len(sizes)]
 
 
-def _batches(samples: list[tuple[int, Record]]) -> Iterator:
+def _batches(samples: list[tuple[int, Record]]) -> Iterator[pa.RecordBatch]:
     import pyarrow as pa
 
     for start in range(0, len(samples), _BATCH_ROWS):
@@ -140,7 +145,7 @@ def storage_options(uri: str) -> dict[str, str] | None:
         "allow_http": "true",
         "connect_timeout": "3s",
         "timeout": "30s",
-        "max_retries": str(max(endpoint.attempts - 1, 0)),
+        "client_max_retries": str(max(endpoint.attempts - 1, 0)),
     }
     if endpoint.address:
         options["aws_endpoint"] = endpoint.address.rstrip("/")
@@ -153,7 +158,7 @@ def storage_options(uri: str) -> dict[str, str] | None:
     return options
 
 
-def open_dataset(uri: str, options: dict[str, str] | None = None):  # -> LanceDataset
+def open_dataset(uri: str, options: dict[str, str] | None = None) -> LanceDataset:
     """The Lance dataset at uri (a folder, or an s3:// prefix read with `options`, by default
     the job's endpoint's), or one line saying why not."""
     import lance

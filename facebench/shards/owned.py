@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,9 +77,7 @@ def manifest_files(folder: Path) -> set[str]:
             f"{path}: not a facebench manifest, and facebench writes its own there. Move that "
             "file away, or set shards_dir=/another/folder"
         ) from None
-    # A whole-set format's library may write folders (Lance's data/): facebench owns the
-    # top-level folder its manifest names files in.
-    return {name.split("/", 1)[0] for name in names if _plain(name.split("/", 1)[0])}
+    return {name for name in names if _inside(name)}
 
 
 def owned(folder: Path, plan: Plan | None = None) -> set[str]:
@@ -88,18 +85,31 @@ def owned(folder: Path, plan: Plan | None = None) -> set[str]:
     plan = plan if plan is not None else Plan.read(folder)
     names = manifest_files(folder)
     if plan is not None:
-        names |= {name for name in (*plan.files, *plan.replaces) if _plain(name)}
+        names |= {name for name in (*plan.files, *plan.replaces) if _inside(name)}
     return names
 
 
-def _plain(name: str) -> bool:
-    """A bare file name: a damaged record must not point anywhere else."""
-    return bool(name) and name not in (".", "..") and "/" not in name and os.sep not in name
+def _inside(name: str) -> bool:
+    """A file in the folder, or in a folder of it that a format's library writes (Lance's
+    `data/<file>`), named by plain names joined by "/": a damaged record must not point
+    anywhere else."""
+    return bool(name) and all(part not in ("", ".", "..") for part in name.split("/"))
 
 
 def in_the_way(folder: Path, names: list[str], ours: set[str]) -> list[str]:
-    """Names a build would write that already exist in folder and are not facebench's."""
-    return [name for name in names if name not in ours and os.path.lexists(folder / name)]
+    """Names a build would write that already exist in folder and are not facebench's (or
+    whose folder is a file of the user's)."""
+    clashes = []
+    for name in names:
+        parents = list(Path(name).parents)[:-1]  # data/, for data/x.lance
+        blocked = [
+            str(p) for p in parents if os.path.lexists(folder / p) and not (folder / p).is_dir()
+        ]
+        if blocked:
+            clashes.append(blocked[0])
+        elif name not in ours and os.path.lexists(folder / name):
+            clashes.append(name)
+    return clashes
 
 
 def refuse_in_the_way(folder: Path, clashes: list[str]) -> None:
@@ -115,12 +125,8 @@ def bytes_of(folder: Path, names: set[str]) -> int:
     """Bytes those files take now (the room a rebuild gets back)."""
     total = 0
     for name in names:
-        path = folder / name
         try:
-            if path.is_dir() and not path.is_symlink():
-                total += sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-            else:
-                total += os.lstat(path).st_size
+            total += os.lstat(folder / name).st_size
         except OSError:
             continue
     return total
@@ -132,8 +138,12 @@ def remove(folder: Path, names: set[str]) -> None:
         path = folder / name
         if path.is_file() or path.is_symlink():
             path.unlink(missing_ok=True)
-        elif path.is_dir():  # a folder a whole-set format's library wrote (Lance's data/)
-            shutil.rmtree(path)
+    # Folders a library wrote files into (Lance's data/), once nothing is left in them: a file
+    # of the user's there keeps its folder.
+    emptied = {parent for name in names if "/" in name for parent in Path(name).parents}
+    for parent in sorted(emptied - {Path(".")}, key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            (folder / parent).rmdir()
     remove_staging(folder, names)
     done = folder / DONE
     for name in names:
@@ -142,13 +152,13 @@ def remove(folder: Path, names: set[str]) -> None:
 
 def remove_staging(folder: Path, names: set[str]) -> None:
     """Half-written copies of these files (and of the records) that killed writers left."""
-    for name in (*names, MANIFEST, PLAN):
+    for name in (*(n for n in names if "/" not in n), MANIFEST, PLAN):
         for stale in folder.glob(f".{_glob_escape(name)}{STAGING_MARK}*"):
             if stale.is_file():
                 stale.unlink(missing_ok=True)
     done = folder / DONE
     if done.is_dir():
-        for name in names:
+        for name in (n for n in names if "/" not in n):
             for stale in done.glob(f".{_glob_escape(name)}.json{STAGING_MARK}*"):
                 stale.unlink(missing_ok=True)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import os
+from typing import TYPE_CHECKING
 
 from facebench.data.records import Record
 from facebench.errors import ShardError
@@ -24,6 +25,10 @@ from facebench.shards.manifest import Folder, Manifest, entry_path
 from facebench.storage import client
 from facebench.storage.address import in_bucket
 
+if TYPE_CHECKING:  # pyarrow is imported where it is used
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
 # The columns facebench writes and its loaders read, in this order.
 COLUMNS = ("id", "label", "source", "path", "image")
 _REBUILD = "python prepare.py format=parquet"
@@ -32,7 +37,7 @@ _FOOTER_BYTES = 4096
 _TAIL_BYTES = 64 * 2**10  # an object's tail read for its footer: most footers in one GET
 
 
-def schema():  # -> pyarrow.Schema; pyarrow is imported where it is used
+def schema() -> pa.Schema:
     import pyarrow as pa
 
     return pa.schema(
@@ -110,7 +115,7 @@ def check_set(folder: Folder, manifest: Manifest) -> None:
             )
 
 
-def _footer(where: str, size: int):  # -> pyarrow.parquet.FileMetaData
+def _footer(where: str, size: int) -> pq.FileMetaData:
     """A Parquet file's footer: read from the file, or from its object's tail (one ranged GET:
     the footer's bytes behind the magic number a reader checks)."""
     import pyarrow as pa

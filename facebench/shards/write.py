@@ -125,14 +125,14 @@ def write_whole_set(
     log.info("writing %d samples as format=%s into %s", len(samples), shard_format.name, folder)
     try:
         entries = shard_format.write_set(samples, staging, n_procs, cache, settings)
-        names = sorted(path.name for path in staging.iterdir())
+        # Every file, by its path in the set: a library may write folders (Lance's data/).
+        names = sorted(p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file())
         owned.refuse_in_the_way(folder, owned.in_the_way(folder, names, ours))
         plan.files = names
         plan.write(folder)  # before the move: a kill half way leaves them named as facebench's
         owned.remove(folder, ours - set(names))
-        for name in names:
-            if name in ours and (folder / name).is_dir():  # a rename replaces no folder
-                owned.remove(folder, {name})
+        for name in names:  # into folders that may hold files of the user's, which stay
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
             os.replace(staging / name, folder / name)
     except OSError as error:
         if error.errno in room.DISK_FULL:
