@@ -50,6 +50,17 @@ def _no_room(root: str) -> int:
     return min([lowest_free, *in_flight])
 
 
+def _workers(me: psutil.Process) -> list[psutil.Process]:
+    """This process's loader workers. Forked ones share its command line (helpers such as
+    multiprocessing's resource tracker do not); those started from multiprocessing's
+    forkserver (loader=lance's) are the server's children."""
+    found = [child for child in me.children() if child.cmdline() == me.cmdline()]
+    for child in me.children():
+        if "multiprocessing.forkserver" in " ".join(child.cmdline()):
+            found += child.children()
+    return found
+
+
 def break_one(loader: str, mode: str, cache: str) -> None:
     overrides = [
         f"loader={loader}",
@@ -73,15 +84,11 @@ def break_one(loader: str, mode: str, cache: str) -> None:
 
     def build():
         # A previous loader's workers may still be on their way out: only this one's count.
-        before = {child.pid for child in me.children()}
+        before = {child.pid for child in me.children(recursive=True)}
         batches = iter(module.build(ctx))
         first = next(batches)
         if mode == "kill":
-            # Forked workers share this process's command line; helpers such as
-            # multiprocessing's resource tracker do not.
-            workers = [
-                c for c in me.children() if c.cmdline() == me.cmdline() and c.pid not in before
-            ]
+            workers = [worker for worker in _workers(me) if worker.pid not in before]
             if not workers:
                 print(f"{loader}: no worker processes to kill", flush=True)
                 return
