@@ -482,6 +482,18 @@ def test_an_upload_cut_short_leaves_no_manifest_behind(
     assert resumed.sent == 2 and {MANIFEST, "manifest.json"} <= set(listed(str(target)))
 
 
+@pytest.mark.slow
+def test_a_loader_that_makes_its_own_client_is_tagged_with_it(
+    s3: server.Running, uploaded: str, make_cfg, prepare_here, tmp_path: Path
+) -> None:
+    pytest.importorskip("lance")
+    prepare_here(*plain(s3, uploaded), "format=lance", "batch_size=8")
+    run_training(make_cfg("loader=lance", *plain(s3, uploaded)), output_dir=tmp_path)
+    recorded = json.loads((tmp_path / "results.json").read_text())
+    assert recorded["tags"]["storage_client"] == "object_store (Rust)"  # not storage.client's
+    assert recorded["epochs"][0]["storage_requests"] > 0  # Lance's reads, counted
+
+
 def test_run_records_requests_and_where_the_data_came_from(
     s3: server.Running, uploaded: str, make_cfg, tmp_path: Path
 ) -> None:

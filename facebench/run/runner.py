@@ -122,6 +122,8 @@ def _get_ready(cfg: TrainConfig, job: Job, results: JobResults, service: ExitSta
         data = list_data(cfg, job.world, via)
         results.metrics.update(data.metrics())
         results.tags.update(data.storage_tags)
+        if loader.own_client and "storage_client" in results.tags:  # its library's, not ours
+            results.tags["storage_client"] = loader.own_client.split(",")[0]
         ctx = loaders.context(cfg, loader, data.listing, job.device, job.world)
         held = batches_held(job.device, cfg.host_only or job.accelerator is not None)
         results.metrics.update(loaders.set_up(cfg, loader, ctx, job.world, loop_holds=held))
