@@ -210,3 +210,26 @@ def test_a_set_of_other_images_is_never_read(data_copy, tmp_path, make_cfg, shar
     spec, ctx = prepared(cfg, data_copy)
     assert Manifest.read(ctx.shards_dir).n_samples == 121
     assert len(delivered(spec.build(ctx))) == 120  # 121 in batches of 8, as the others
+
+
+def test_an_arrow_copy_that_cannot_be_written_says_where_and_what_to_do(parquet_set, monkeypatch):
+    import datasets
+    from datasets.exceptions import DatasetGenerationError
+
+    from facebench.loaders import parquet
+
+    cfg, folder, _ = parquet_set
+
+    def full(*args, **kwargs):
+        try:
+            raise OSError(28, "No space left on device")
+        except OSError as error:
+            raise DatasetGenerationError("An error occurred while generating") from error
+
+    monkeypatch.setattr(datasets, "load_dataset", full)
+    monkeypatch.setattr(parquet, "_copies", {})  # the copy the fixture's run made, forgotten
+    with pytest.raises(ShardError) as raised:
+        run_training(cfg)
+    line = user_message(raised.value)
+    assert line.startswith(f"{folder}: Hugging Face datasets could not read these Parquet files")
+    assert "No space left on device" in line and "make room or set data.cache_dir" in line

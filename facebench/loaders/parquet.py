@@ -105,10 +105,13 @@ def _load(shard_set: OpenShardSet, cache: str, streaming: bool) -> Any:
     except (OSError, ValueError, DatasetsError) as error:  # ArrowInvalid is a ValueError
         cause = error.__cause__ or error  # datasets wraps what failed while it wrote its copy
         said = str(cause).strip().splitlines()[0] if str(cause).strip() else repr(cause)
-        where = f"its Arrow copy in {cache} (is there room?), " if not streaming else ""
+        into, room = "", ""
+        if not streaming:
+            into = f" into its Arrow copy in {cache}"
+            room = f"If {cache} is full, make room or set data.cache_dir; "
         raise ShardError(
-            f"{shard_set.folder}: Hugging Face datasets could not read these Parquet files or "
-            f"write {where}({said}). If the files are damaged, rebuild: {REBUILD}"
+            f"{shard_set.folder}: Hugging Face datasets could not read these Parquet files"
+            f"{into} ({said}). {room}if the files are damaged, rebuild: {REBUILD}"
         ) from None
 
 
