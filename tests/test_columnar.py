@@ -81,7 +81,7 @@ def test_a_lance_set_is_one_dataset_of_fragments_of_shard_size(synthetic_root, t
     assert lance.dataset(str(folder)).count_rows() == 120
 
 
-@pytest.mark.parametrize("n_workers", [0, 2])
+@pytest.mark.parametrize("n_workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_parquet_streaming_delivers_each_sample_once_with_the_same_pixels(
     make_cfg, synthetic_root, tmp_path, n_workers
 ):
@@ -119,6 +119,7 @@ def test_a_parquet_file_without_a_column_is_named(parquet_set, mode):
     assert "Rebuild: python prepare.py format=parquet" in line
 
 
+@pytest.mark.slow
 def test_a_truncated_parquet_file_is_rebuilt_or_named(parquet_set):
     cfg, folder, name = parquet_set
     data = (folder / name).read_bytes()
@@ -175,6 +176,7 @@ def test_a_lance_set_changed_since_it_was_built_is_refused(lance_set):
     assert "Rebuild: python prepare.py format=lance" in line
 
 
+@pytest.mark.slow
 def test_a_lance_dataset_of_another_schema_is_refused(lance_set):
     import lance
 
@@ -198,6 +200,7 @@ def test_a_lance_dataset_of_another_schema_is_refused(lance_set):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shard_format", ["parquet", "lance"])
 def test_a_set_of_other_images_is_never_read(data_copy, tmp_path, make_cfg, shard_format):
     """A set built from other images (one more, here) is rebuilt before any read, as every
@@ -212,6 +215,7 @@ def test_a_set_of_other_images_is_never_read(data_copy, tmp_path, make_cfg, shar
     assert len(delivered(spec.build(ctx))) == 120  # 121 in batches of 8, as the others
 
 
+@pytest.mark.slow
 def test_an_arrow_copy_that_cannot_be_written_says_where_and_what_to_do(parquet_set, monkeypatch):
     import datasets
     from datasets.exceptions import DatasetGenerationError
