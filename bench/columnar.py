@@ -20,7 +20,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from common import Bench, generated_root, parser, run_python
+from common import Bench, generated_root, parser, run_python, run_train
 
 from facebench.data.synthetic import ensure_synthetic
 from facebench.host.paths import cache_dir
@@ -51,13 +51,6 @@ CONFIGS = [
         for n in (100, 1000, 10_000)
     ),
 ]
-
-
-def run_job(scratch: str, overrides: list[str]) -> dict[str, float]:
-    """One train.py job (MLflow off): its metrics, and its set-up's (set_up_* keys)."""
-    output = Path(tempfile.mkdtemp(dir=scratch))
-    run_python(["train.py", "tracking=false", *overrides, f"hydra.run.dir={output}"])
-    return json.loads((output / "results.json").read_text())["metrics"]
 
 
 def set_mb(root: Path, shard_format: str) -> float:
@@ -97,10 +90,10 @@ def main() -> None:
             )
             places = {"disk": [], "bucket": s3.overrides(url)}  # the bucket at 20 ms
             found: dict[str, list[dict[str, float]]] = {"disk": [], "bucket": []}
-            run_job(scratch, [*keys, *common])  # warm-up
+            run_train(scratch, [*keys, *common])  # warm-up
             for _ in range(args.runs):
                 for place, where in places.items():
-                    found[place].append(run_job(scratch, [*keys, *common, *where]))
+                    found[place].append(run_train(scratch, [*keys, *common, *where]))
             rows.append(_row(name, found, set_mb(root, shard_format)))
     header = [
         "loader", "disk images/s", "bucket images/s", "bucket GETs an epoch",

@@ -5,7 +5,6 @@ other per-loader files; reading from a bucket, in test_storage.py)."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import shutil
 from pathlib import Path
 
@@ -19,23 +18,17 @@ from facebench.run.runner import run_training
 from facebench.shards.build import ensure_shards
 from facebench.shards.lance_format import FOLDERS
 from facebench.shards.manifest import Manifest, ShardEntry, file_sha256
-from tests.helpers import TOLERANCE, assert_same_samples, delivered, expected, prepared
+from tests.helpers import (
+    TOLERANCE,
+    assert_same_samples,
+    delivered,
+    expected,
+    prepared,
+    replace_shard,
+)
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
-
-
-def _rewrite(folder: Path, name: str, data: bytes) -> None:
-    """A shard replaced, its manifest made to agree, as anyone with write access can."""
-    (folder / name).write_bytes(data)
-    manifest = Manifest.read(folder)
-    manifest.shards = [
-        dataclasses.replace(shard, bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
-        if shard.name == name
-        else shard
-        for shard in manifest.shards
-    ]
-    manifest.write(folder)
 
 
 def _parquet_bytes(table) -> bytes:
@@ -111,7 +104,7 @@ def parquet_set(make_cfg, tmp_path) -> tuple:
 def test_a_parquet_file_without_a_column_is_named(parquet_set, mode):
     cfg, folder, name = parquet_set
     table = pq.read_table(folder / name).drop_columns(["label"])
-    _rewrite(folder, name, _parquet_bytes(table))
+    replace_shard(folder, name, _parquet_bytes(table))
     with pytest.raises(ShardError) as raised:
         run_training(dataclasses.replace(cfg, loader=dataclasses.replace(cfg.loader, mode=mode)))
     line = user_message(raised.value)
@@ -126,7 +119,7 @@ def test_a_truncated_parquet_file_is_rebuilt_or_named(parquet_set):
     (folder / name).write_bytes(data[: len(data) // 2])
     run_training(cfg)  # not the size its manifest records: the set is built again
     assert (folder / name).read_bytes() == data
-    _rewrite(folder, name, data[: len(data) // 2])  # its manifest made to agree
+    replace_shard(folder, name, data[: len(data) // 2])  # its manifest made to agree
     with pytest.raises(ShardError) as raised:
         run_training(cfg)
     line = user_message(raised.value)
@@ -141,7 +134,7 @@ def test_a_row_that_is_not_an_image_is_named_and_the_run_ends_failed(
     images = table.column("image").to_pylist()
     images[3] = b"these bytes are no image"
     table = table.set_column(4, "image", pa.array(images, pa.binary()))
-    _rewrite(folder, name, _parquet_bytes(table))
+    replace_shard(folder, name, _parquet_bytes(table))
     shutil.copyfile(empty_store, tmp_path / "mlflow.db")
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)

@@ -9,8 +9,6 @@ line with the folder never made.
 from __future__ import annotations
 
 import copyreg
-import dataclasses
-import hashlib
 import os
 import pickle
 from pathlib import Path
@@ -24,6 +22,7 @@ from facebench.run.runner import run_training
 from facebench.shards import pickle_format
 from facebench.shards.manifest import Manifest
 from facebench.shards.pickle_format import UnsafeShard
+from tests.helpers import replace_shard
 
 
 class MakeFolder:
@@ -34,19 +33,6 @@ class MakeFolder:
 
     def __reduce__(self):
         return (os.makedirs, (str(self.path), 0o777, True))  # exist_ok: it may run many times
-
-
-def replace_shard(folder: Path, name: str, data: bytes) -> None:
-    """Write a shard and make the manifest agree with it, as anyone with write access can."""
-    (folder / name).write_bytes(data)
-    manifest = Manifest.read(folder)
-    manifest.shards = [
-        dataclasses.replace(shard, bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
-        if shard.name == name
-        else shard
-        for shard in manifest.shards
-    ]
-    manifest.write(folder)
 
 
 @pytest.mark.parametrize("n_workers", [0, 2])
