@@ -5,6 +5,9 @@ folder for every loader that reads a bucket, the request metrics, and each fault
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
+import io
 import json
 import logging
 import math
@@ -414,6 +417,53 @@ def test_parquet_map_mode_copies_the_bucket_before_the_clock(
         totals.add_batch(batch.stages)
     assert totals.fetches is None or totals.fetches.requests == 0
     assert_same_samples(delivered(batches), expected(synthetic_root))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["map", "streaming"])
+def test_a_parquet_object_replaced_is_read_as_it_is_never_from_an_old_copy(
+    s3: server.Running, synthetic_root: Path, make_cfg, prepare_here, tmp_path, mode, monkeypatch
+) -> None:
+    """A shard of the set in the bucket uploaded again with other images (its manifest made to
+    agree): the next run reads the object as it is now, not the Arrow copy made before."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    pa = pytest.importorskip("pyarrow")
+    from facebench.loaders import parquet
+
+    url = f"s3://facebench/parquet-{mode}"  # its own: the module's set stays as uploaded
+    upload_tree(synthetic_root, parse(url))
+    prepare_here(*plain(s3, url), "format=parquet", "batch_size=8")
+    folder = f"{url}/facebench-shards/parquet"
+    made = functools.partial(
+        _bucket_ctx, make_cfg, s3, url, "parquet", f"loader.mode={mode}",
+        f"data.cache_dir={tmp_path}",
+    )  # fmt: skip
+    spec, ctx = made()
+    spec.set_up_job(ctx)
+    before = delivered(spec.build(ctx))
+    manifest = Manifest.read(folder)
+    shard = manifest.shards[0]
+    table = pq.read_table(io.BytesIO(objects.read(f"{folder}/{shard.name}")))
+    sources = table.column("source").to_pylist()
+    one, two = 0, sources.index(sources[0], 1)  # alike: cropped the same way
+    images = table.column("image").to_pylist()
+    images[one], images[two] = images[two], images[one]
+    table = table.set_column(4, "image", pa.array(images, pa.binary()))
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, row_group_size=100)
+    data = sink.getvalue().to_pybytes()
+    objects.put_bytes(f"{folder}/{shard.name}", data, {})
+    manifest.shards[0] = dataclasses.replace(
+        shard, bytes=len(data), sha256=hashlib.sha256(data).hexdigest()
+    )
+    objects.put_bytes(f"{folder}/manifest.json", manifest.encoded(), {})
+    monkeypatch.setattr(parquet, "_copies", {})  # as a new process finds it
+    spec, ctx = made()
+    spec.set_up_job(ctx)
+    after = delivered(spec.build(ctx))
+    first, second = (table.column("id")[row].as_py() for row in (one, two))
+    assert torch.equal(after[first][0], before[second][0])
+    assert torch.equal(after[second][0], before[first][0])
 
 
 def test_a_shard_set_in_a_bucket_is_trusted_only_whole_and_current(

@@ -47,11 +47,18 @@ def subset_tree(
     the same; a labels CSV is written anew as `labels.csv` for the sample."""
     if n >= len(records):
         return root
-    what = f"{root.resolve()}\t{len(records)}\t{n}\t{seed}\t{layout.kind}\t{layout.labels}"
-    key = hashlib.sha256(os.fsencode(what)).hexdigest()
-    target = cache / "samples" / f"{key[:16]}-n{n}"
+    what = f"{root.resolve()}\t{n}\t{seed}\t{layout.kind}\t{layout.labels}"
+    place = hashlib.sha256(os.fsencode(what)).hexdigest()[:16]
+    # Keyed by every record's path and label too: links follow a file's new bytes, but a label
+    # changed or an image renamed would otherwise be sampled as it was.
+    listed = hashlib.sha256()
+    for record in records:
+        listed.update(os.fsencode(f"{record.path}\t{record.label}\n"))
+    target = cache / "samples" / f"{place}-{listed.hexdigest()[:16]}-n{n}"
     if target.is_dir():
         return target
+    for older in target.parent.glob(f"{place}-*-n{n}"):  # of the same data, as it was before
+        shutil.rmtree(older, ignore_errors=True)
     chosen = sorted(np.random.default_rng(seed).choice(len(records), n, replace=False).tolist())
     staging = target.with_name(f".{target.name}.partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)

@@ -10,7 +10,8 @@ loader.mode=map (the default):
 
 datasets reads the files once into an Arrow copy of its own (in data.cache_dir/hf-datasets/,
 before the clock: `parquet_arrow_s`), which it memory-maps and indexes at random: the epoch reads
-that copy, not the Parquet files, so `cache=` warms or evicts the copy. The order is the epoch
+that copy, not the Parquet files, so `cache=` warms or evicts the copy. The copy is used only
+while the set's files are the ones that made it (shards/copies.py). The order is the epoch
 plan's (the same permutation `shuffle=True` draws, on every rank), as row numbers.
 
 loader.mode=streaming:
@@ -28,10 +29,12 @@ set-up. Each GET is counted in the storage_* metrics.
 from __future__ import annotations
 
 import bisect
+import json
 import logging
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -52,7 +55,7 @@ from facebench.loaders.shardsets import (
 )
 from facebench.loaders.shared import Batch, LoaderContext, data_loader
 from facebench.loaders.spec import LoaderSpec, decoder_traits
-from facebench.shards import parquet_format
+from facebench.shards import copies, parquet_format
 
 log = logging.getLogger(__name__)
 REBUILD = "python prepare.py format=parquet"
@@ -115,16 +118,18 @@ def _load(shard_set: OpenShardSet, cache: str, streaming: bool) -> Any:
         ) from None
 
 
-_copies: dict[tuple[str, str], Any] = {}  # one Dataset per set and process
+_copies: dict[tuple[Path, str], Any] = {}  # one Dataset per copy and process
 
 
 def arrow_copy(ctx: LoaderContext, shard_set: OpenShardSet) -> Any:
-    """The map mode's Dataset: datasets' Arrow copy, made once (building it again in the same
-    process only finds it)."""
-    cache = str(ctx.cache / "hf-datasets")
-    key = (cache, shard_set.guard.digest)
+    """The map mode's Dataset: datasets' Arrow copy of the set as its files are now, made where
+    there is none or the set changed since (shards/copies.py), found otherwise."""
+    copy = copies.copy_for(ctx.cache / copies.ARROW_COPIES, shard_set.folder, shard_set.manifest)
+    key = (copy.folder, json.dumps(copy.made_from))
     if key not in _copies:
-        _copies[key] = _load(shard_set, cache, streaming=False)
+        copy.renew()
+        _copies[key] = _load(shard_set, str(copy.folder), streaming=False)
+        copy.made()
     return _copies[key]
 
 

@@ -21,7 +21,7 @@ from facebench.data.sources import FACES, Layout
 from facebench.data.transforms import ARTICLE
 from facebench.errors import ConfigError
 from facebench.host.paths import cache_dir
-from facebench.shards import formats, owned, room
+from facebench.shards import copies, formats, owned, room
 from facebench.shards.formats import resize_of
 from facebench.shards.freshness import settings_for, up_to_date
 from facebench.shards.lock import building
@@ -166,6 +166,7 @@ def _ensure(
     )
     manifest.write(folder)
     owned.finish(folder, plan)
+    copies.forget(cache / copies.ARROW_COPIES, folder)  # made from the set this one replaced
     log.info(
         "wrote %d shards (%d samples, %s) to %s in %.1f s",
         len(shards),
