@@ -130,12 +130,19 @@ def test_the_compute_ceiling_keeps_any_accelerator_busy(make_cfg, default_size_r
             # late wake-up on a busy machine would be the shortfall measured.
             "data.n_images=6000",
             "batch_size=600",
+            # The wait slept, as DLIO's: spun (host_cpu, a training process's spinning wait),
+            # it competes for the cores with whatever else runs, and on two cores held by two
+            # busy processes the fair scheduler ran it 4-6 ms late a step (AU 0.89-0.91), the
+            # host's load and not the ceiling's pace. Slept, it wakes on time under that load.
+            "accelerator.host_cpu=0",
         )
     )
-    # 1% allowed: a late wake-up or two of the loop's sleeping thread on a busy machine (0.989
-    # seen once with the suite running); a loader that kept it waiting would lose far more.
+    # 2% allowed: a late wake-up or two of the loop's sleeping thread on a busy machine (AU
+    # 0.991-0.997 with both cores held by two busy processes); a loader that kept it waiting
+    # would lose far more.
     assert metrics["au"] >= 0.98
     assert metrics["au_pass"] == 1.0
+    assert metrics["accelerator_late_s"] < 0.1 * metrics["accelerator_compute_s"]
 
 
 def _host_rate(make_cfg, *overrides: str) -> float:

@@ -140,6 +140,7 @@ class EmulatedSteps:
     _free_at: float = 0.0  # when the accelerator finishes the steps launched so far
     _launched: deque[float] = field(default_factory=deque)  # their ends, not yet waited for
     _host_s: float = 0.0
+    _late_s: float = 0.0  # how long after their steps' ends the loop went on
 
     def step(self, images: int) -> None:
         """The accelerator trains on a batch of `images`; the loop goes on when `sync` says."""
@@ -177,6 +178,10 @@ class EmulatedSteps:
         left = moment - self.clock()
         if left > 0:
             self.sleep(left)
+        # The spun share competes for the cores as a training process's spinning wait does: on a
+        # host whose cores other processes fill, the fair scheduler runs it late, and the
+        # accelerator idles meanwhile, as a real one would on that host. Counted, to be said.
+        self._late_s += max(0.0, self.clock() - moment)
 
     def metrics(self, epoch_end: float) -> dict[str, float]:
         """au (DLIO's accelerator utilization, the first step left out), au_pass against the
@@ -193,4 +198,5 @@ class EmulatedSteps:
             "accelerator_compute_s": sum(self._computed_s),
             "accelerator_steps": float(len(self._computed_s)),
             "accelerator_host_cpu_s": self._host_s,
+            "accelerator_late_s": self._late_s,
         }
