@@ -178,6 +178,9 @@ class StorageConfig(DistanceConfig):
     # once before any epoch, kept in data.cache_dir/bucket-copy/): a real bucket's servers cost
     # the host nothing; or the endpoint itself, through the relay: to measure that server.
     answers: Answers = Answers.copy
+    # The relay under real-time scheduling, to answer at its time while the loader fills the
+    # cores (where the process may: root, CAP_SYS_NICE, ulimit -r); false: the fair scheduler's.
+    realtime: bool = True
     # What the distance stands for, and where its numbers come from (the profile's YAML).
     distance_name: str = ""
     distance_source: str = ""

@@ -26,6 +26,7 @@ from facebench.config import DistanceConfig
 from facebench.errors import StorageError
 from facebench.fetches import percentile_ms
 from facebench.host.children import Child, spawn
+from facebench.host.realtime import say_relay_not_realtime
 from facebench.storage.address import parse
 from facebench.storage.credentials import keys
 
@@ -111,7 +112,7 @@ def emulated(storage: Any, folder: Path, seed: int = 0) -> Iterator[str]:
     log_path.unlink(missing_ok=True)
     command = [
         sys.executable, "-m", "facebench.storage.relay", f"--upstream={storage.endpoint}",
-        f"--seed={seed}", *distance.arguments(),
+        f"--seed={seed}", *distance.arguments(), *([] if storage.realtime else ["--fair"]),
     ]  # fmt: skip
     env = dict(os.environ)
     if storage.answers == "copy":
@@ -121,6 +122,8 @@ def emulated(storage: Any, folder: Path, seed: int = 0) -> Iterator[str]:
     relay = spawn(command, log_path=log_path, env=env)
     try:
         port = _port_of(log_path, relay)
+        if storage.realtime and not snapshot(f"http://127.0.0.1:{port}").get("realtime"):
+            say_relay_not_realtime()
         log.info(
             "emulating the bucket's distance (%s) with a relay at 127.0.0.1:%d in front of %s, "
             "answering from %s", describe(storage), port, storage.endpoint,
@@ -168,9 +171,11 @@ def counters(via: str, since: dict[str, Any] | None = None) -> dict[str, float]:
     """What the job's relay did since `since` (a snapshot) or its start, as the run's metrics:
     requests and 503s, the share the endpoint answered (not the copy) and its mean time, the
     share answered late (after the drawn latency: the endpoint's answer, or the relay's own
-    CPU, set the time), the relay's CPU (a share of its one core), and the latencies drawn
-    (the profile's, as emulated) beside those given (the first bytes as they left)."""
+    CPU, set the time), the relay's CPU (a share of its one core), whether it ran under
+    real-time scheduling, and the latencies drawn (the profile's, as emulated) beside those
+    given (the first bytes as they left)."""
     now, before = snapshot(via), since or {}
+    realtime = float(bool(now.pop("realtime", False)))
     found = {name: _less(value, before.get(name)) for name, value in now.items()}
     answered = max(1, found["answered"])
     metrics = {
@@ -181,6 +186,9 @@ def counters(via: str, since: dict[str, Any] | None = None) -> dict[str, float]:
         "storage_relay_cpu_frac": found["cpu_s"] / max(1e-9, found["alive_s"]),
         "storage_emulated_mean_ms": 1000 * found["drawn_s"] / answered,
         "storage_relay_ttfb_mean_ms": 1000 * found["given_s"] / answered,
+        "storage_relay_ready_mean_ms": 1000 * found["ready_s"] / answered,
+        "storage_relay_behind_mean_ms": 1000 * found["behind_s"] / answered,
+        "storage_relay_realtime": realtime,
     }
     if found["from_endpoint"]:
         metrics["storage_relay_endpoint_ms"] = 1000 * found["endpoint_s"] / found["from_endpoint"]

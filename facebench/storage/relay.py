@@ -21,6 +21,7 @@ Per request, in order:
 Without --copy, every request goes to the endpoint (storage.answers=endpoint: to measure a
 server itself). `GET /__relay` is answered by the relay itself with its counters, as JSON.
 Connections idle for `--idle-s` are closed; past `--max-connections`, a new one is answered 503.
+It runs under real-time scheduling where the process may (host/realtime.py), and says whether.
 Credentials come in the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), never argv.
 """
 
@@ -37,6 +38,7 @@ from pathlib import Path
 import h11
 
 from facebench.fetches import BUCKETS, bucket
+from facebench.host.realtime import make_process_realtime
 from facebench.storage.bucket_copy import BucketCopy
 from facebench.storage.distance import FIELDS, Distance, option
 from facebench.storage.latency import Latency
@@ -55,8 +57,8 @@ from facebench.storage.relay_http import (
     send_prepared,
     slow_down,
     stamped_server,
-    until,
 )
+from facebench.storage.relay_timer import until
 from facebench.storage.relay_upstream import EndpointFailed, Upstream
 
 COUNTERS_TARGET = b"/__relay"
@@ -78,8 +80,10 @@ class Relay:
         copy: CopyAnswers | None,
         idle_s: float = 60.0,
         max_connections: int = 1024,
+        realtime: bool = False,
     ) -> None:
         self.endpoint = endpoint
+        self.realtime = realtime  # under SCHED_RR (host/realtime.py)
         self.distance = distance
         self.latency = latency
         self.copy = copy
@@ -100,6 +104,10 @@ class Relay:
         self.drawn = [0] * BUCKETS  # the latencies drawn, and what the clients met (ns buckets)
         self.given = [0] * BUCKETS
         self.drawn_s = self.given_s = 0.0
+        # Where a request's time went: from its arrival until its answer was ready to leave
+        # (parsed, its signature checked, framed from the copy; or the endpoint's answer), and
+        # how long after its due time its first byte left (its wake-up, or a late answer).
+        self.ready_s = self.behind_s = 0.0
         self.started = time.monotonic()
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -160,6 +168,7 @@ class Relay:
             ready = prepare(
                 client, answer.status, answer.reason, answer.headers, answer.body, answer.span
             )
+            self.ready_s += time.monotonic() - arrived
             await until(due)
             self._note(arrived, drawn, _late(time.monotonic() - due, drawn), "from_copy")
             await send_prepared(client, ready, pace)
@@ -180,6 +189,7 @@ class Relay:
             return False
         answered = time.monotonic()
         self.endpoint_s += answered - arrived
+        self.ready_s += answered - arrived
         await until(arrived + drawn)
         self._note(arrived, drawn, _late(answered - arrived - drawn, drawn), "from_endpoint")
         await client.send(
@@ -200,6 +210,7 @@ class Relay:
     def _note(self, arrived: float, drawn: float, late: bool, source: str) -> None:
         """A request answered: where from, its drawn latency, when its first byte left."""
         given = time.monotonic() - arrived
+        self.behind_s += max(0.0, given - drawn)
         self.counts["answered"] += 1
         self.counts[source] += 1
         self.counts["late"] += late
@@ -218,9 +229,12 @@ class Relay:
                 "given": self.given,
                 "drawn_s": self.drawn_s,
                 "given_s": self.given_s,
+                "ready_s": self.ready_s,
+                "behind_s": self.behind_s,
                 # Its own CPU time over its lifetime: near 1 (one core, asyncio's one thread),
                 # the relay itself was the bound.
                 "cpu_s": time.process_time(),
+                "realtime": self.realtime,
                 "alive_s": time.monotonic() - self.started,
             }
         ).encode()
@@ -234,7 +248,7 @@ def _address(endpoint: tuple[str, int]) -> str:
     return f"{endpoint[0]}:{endpoint[1]}"
 
 
-async def _main(args: argparse.Namespace, distance: Distance) -> None:
+async def _main(args: argparse.Namespace, distance: Distance, realtime: bool) -> None:
     if not args.upstream.startswith("http://"):
         raise SystemExit(f"{args.upstream}: only a plain http:// endpoint can be relayed")
     host, _, port = args.upstream.removeprefix("http://").rstrip("/").partition(":")
@@ -246,7 +260,7 @@ async def _main(args: argparse.Namespace, distance: Distance) -> None:
         copy = CopyAnswers(BucketCopy.load(Path(args.copy)), {k: v for k, v in keys.items() if k})
     latency = Latency(distance.latency_ms, distance.latency_p99_ms, args.seed)
     relay = Relay((host, int(port or 80)), distance, latency, copy, args.idle_s,
-                  args.max_connections)  # fmt: skip
+                  args.max_connections, realtime)  # fmt: skip
     server = await stamped_server(relay.serve, args.port, _HEAD_LIMIT)
     # Not a log line: the job reads the port from it (distance._port_of), on stdout as the spawn
     # sends it there, and logging may be configured away.
@@ -263,12 +277,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0, help="for the drawn latencies")
     parser.add_argument("--idle-s", type=float, default=60.0)
     parser.add_argument("--max-connections", type=int, default=1024)
+    parser.add_argument(
+        "--fair", action="store_true", help="the fair scheduler's turns, not real-time ones"
+    )
     for name in FIELDS:  # Distance.arguments() writes these
         parser.add_argument(f"--{option(name)}", type=float, default=0.0)
     args = parser.parse_args(argv)
     distance = Distance(**{name: getattr(args, name) for name in FIELDS})
+    # Before any thread starts (asyncio's own included inherit it): every moment the relay
+    # keeps is the bucket's, and it must keep them while the loader fills the cores.
+    realtime = not args.fair and make_process_realtime()
+    # Its timer's thread (relay_timer.py) takes the GIL from the loop's within half a
+    # millisecond, not Python's default 5, when both want it at once.
+    sys.setswitchinterval(0.0005)
     try:
-        asyncio.run(_main(args, distance))
+        asyncio.run(_main(args, distance, realtime))
     except KeyboardInterrupt:
         sys.exit(130)
 

@@ -23,6 +23,8 @@ from xml.sax.saxutils import escape
 
 import h11
 
+from facebench.storage.relay_timer import pause
+
 CHUNK = 64 * 2**10  # bytes sent at a time, and the unit bandwidth is paced in
 READ = 64 * 2**10  # bytes read from a socket at a time
 _SLOW_DOWN = (
@@ -124,8 +126,7 @@ class Peer:
             return
         if pace and isinstance(event, h11.Data):
             wait = max(bucket.wait_for(len(data)) if bucket else 0.0 for bucket in pace)
-            if wait:
-                await asyncio.sleep(wait)
+            await pause(wait)
         self.writer.write(data)
         await self.writer.drain()
 
@@ -178,8 +179,7 @@ async def send_prepared(client: Peer, prepared: Prepared, pace: list[Pace | None
     """The prepared bytes, then the rest of the body a chunk at a time, paced."""
     try:
         wait = max((bucket.wait_for(len(prepared.first)) for bucket in pace if bucket), default=0)
-        if wait:
-            await asyncio.sleep(wait)
+        await pause(wait)
         client.writer.write(prepared.first)
         await client.writer.drain()
         for at in range(0, len(prepared.rest), CHUNK):
@@ -200,12 +200,6 @@ async def send_answer(
 ) -> None:
     """A response the relay makes itself (503, 502, its counters), framed and sent now."""
     await send_prepared(client, prepare(client, status, reason, headers, body), pace)
-
-
-async def until(moment: float) -> None:
-    wait = moment - time.monotonic()
-    if wait > 0:
-        await asyncio.sleep(wait)
 
 
 def made_headers(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
