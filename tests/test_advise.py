@@ -394,6 +394,24 @@ def test_the_limit_a_bucket_run_meets_first(distance, metrics, limit):
     assert holding_back({"stage_worker_cpu_us": 900.0}, 380.0, distance, 2, 2) is None
 
 
+@pytest.mark.parametrize(
+    ("realtime", "why"),
+    [(1.0, "its one core shared with the loader's"),
+     (0.0, "without real-time scheduling, it waited for a core behind the loader's workers")],
+)  # fmt: skip
+def test_a_late_relay_says_whether_it_ran_in_real_time(realtime, why):
+    """Answered late from the copy: the relay held the run, and the line says why, naming the
+    key and the limit that allow real-time scheduling where it ran without."""
+    metrics = {
+        **_from_bucket(6000, 6000, 42.0, 100.0, stage_worker_cpu_us=900.0),
+        "storage_relay_late_frac": 0.3, "storage_relay_endpoint_frac": 0.0,
+        "storage_relay_realtime": realtime,
+    }  # fmt: skip
+    found = holding_back(metrics, 380.0, Distance(latency_ms=20), 2, 2)
+    assert found is not None and found.kind == "the relay"
+    assert f"30% of its answers left after their emulated time, {why}" in found.detail
+
+
 def test_a_rate_is_held_to_the_bounds_its_own_requests_allow():
     # 380 GETs a second of 42 ms each: 16 in flight, which at the emulated 20 ms allow 798.
     run = _from_bucket(6000, 6000, 42.0, 100.0, storage_emulated_mean_ms=20.0)

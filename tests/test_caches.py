@@ -135,3 +135,16 @@ def test_the_checked_listing_follows_the_images_it_checked(make_cfg, data_copy):
     image.write_bytes(b"no image at all")
     again = list_usable(data_copy, "skip", cache, 1, data_layout(cfg.data))
     assert [path for path, _ in again.usable.skipped] == [str(image)]
+
+
+@pytest.mark.parametrize("shard_format", ["pickle", "raw"])
+def test_decoded_shards_follow_an_image_replaced_under_them(data_copy, tmp_path, shard_format):
+    """Decoded shards keep pixels, not files: an image replaced by another (same name, same
+    count of images) has the set built again, and the new pixels in it."""
+    folder = tmp_path / shard_format
+    before = ensure_shards(data_copy, folder, shard_format, shard_size=40)
+    images = sorted((data_copy / "DigiFace1M" / "0").iterdir())
+    images[0].write_bytes(images[1].read_bytes())  # another face under the first one's name
+    after = ensure_shards(data_copy, folder, shard_format, shard_size=40)
+    assert after.built and after.manifest.n_samples == before.manifest.n_samples
+    assert after.manifest.source_fingerprint != before.manifest.source_fingerprint

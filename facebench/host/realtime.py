@@ -50,5 +50,5 @@ def say_relay_not_realtime() -> None:
         "the emulated bucket's relay runs without real-time scheduling (not allowed to this "
         "process): while the loader fills the cores it answers late, and the run measures the "
         "host's load as much as the bucket (storage_relay_late_frac says how much). Allow it "
-        "with `ulimit -r %d` before the run, or --cap-add=SYS_NICE for a container", PRIORITY,
+        "with ulimit -r %d before the run, or --cap-add=SYS_NICE for a container", PRIORITY,
     )  # fmt: skip

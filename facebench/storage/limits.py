@@ -117,11 +117,16 @@ def _waited_for(
             "the endpoint",
         )
     if distance.latency_ms and late >= LATE:  # answered from the copy, after their time
+        why = (
+            "its one core shared with the loader's"
+            if metrics.get("storage_relay_realtime", 1.0)
+            else "without real-time scheduling, it waited for a core behind the loader's "
+            "workers (storage.realtime, ulimit -r)"
+        )
         return Limit(
             "the relay emulating the distance",
             f"the relay emulating the distance: {late:.0%} of its answers left after their "
-            "emulated time, its one core shared with the loader's: the loader may be faster "
-            "than this says",
+            f"emulated time, {why}: the loader may be faster than this says",
             "the relay",
         )
     size_mb = mb_per_request(metrics)
