@@ -248,7 +248,13 @@ def _address(endpoint: tuple[str, int]) -> str:
     return f"{endpoint[0]}:{endpoint[1]}"
 
 
-async def _main(args: argparse.Namespace, distance: Distance, realtime: bool) -> None:
+async def _main(args: argparse.Namespace, distance: Distance) -> None:
+    # Before any thread starts (asyncio's own inherit it): every moment the relay keeps is the
+    # bucket's, and it must keep them while the loader fills the cores.
+    realtime = not args.fair and make_process_realtime()
+    # Its timer's thread (relay_timer.py) takes the GIL from the loop's within half a
+    # millisecond, not Python's default 5, when both want it at once.
+    sys.setswitchinterval(0.0005)
     if not args.upstream.startswith("http://"):
         raise SystemExit(f"{args.upstream}: only a plain http:// endpoint can be relayed")
     host, _, port = args.upstream.removeprefix("http://").rstrip("/").partition(":")
@@ -284,14 +290,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.add_argument(f"--{option(name)}", type=float, default=0.0)
     args = parser.parse_args(argv)
     distance = Distance(**{name: getattr(args, name) for name in FIELDS})
-    # Before any thread starts (asyncio's own included inherit it): every moment the relay
-    # keeps is the bucket's, and it must keep them while the loader fills the cores.
-    realtime = not args.fair and make_process_realtime()
-    # Its timer's thread (relay_timer.py) takes the GIL from the loop's within half a
-    # millisecond, not Python's default 5, when both want it at once.
-    sys.setswitchinterval(0.0005)
     try:
-        asyncio.run(_main(args, distance, realtime))
+        asyncio.run(_main(args, distance))
     except KeyboardInterrupt:
         sys.exit(130)
 
