@@ -4,15 +4,13 @@ prepare.py format=parquet (encoded images, ids, labels, in row groups of row_gro
 loader.mode=map (the default):
 
     load_dataset("parquet", data_files) -> Dataset.with_format("torch", ids and labels) ->
-    DataLoader(shuffled
-    sampler, batch_size, n_workers) -> each batch's rows fetched at once (dataset[rows]), then
-    decoded with loader.decoder in the workers
+    DataLoader(shuffled sampler, batch_size, n_workers) -> each batch's rows fetched at once
+    (dataset[rows]), then decoded with loader.decoder in the workers
 
-datasets reads the files once into an Arrow copy of its own (in data.cache_dir/hf-datasets/,
-before the clock: `parquet_arrow_s`), which it memory-maps and indexes at random: the epoch reads
-that copy, not the Parquet files, so `cache=` warms or evicts the copy. The copy is used only
-while the set's files are the ones that made it (shards/copies.py). The order is the epoch
-plan's (the same permutation `shuffle=True` draws, on every rank), as row numbers.
+datasets reads the files once into an Arrow copy (in data.cache_dir/hf-datasets/, before the
+clock: `parquet_arrow_s`; used only while the set's files are those that made it: shards/
+copies.py), memory-mapped and indexed at random: the epoch reads that copy, not the Parquet
+files, so `cache=` warms or evicts it. The order is the epoch plan's, as row numbers.
 
 loader.mode=streaming:
 
@@ -118,19 +116,23 @@ def _load(shard_set: OpenShardSet, cache: str, streaming: bool) -> Any:
         ) from None
 
 
-_copies: dict[tuple[Path, str], Any] = {}  # one Dataset per copy and process
+_copies: dict[tuple[Path, str], tuple[str, Any]] = {}  # per set: what made its copy, the copy
 
 
-def arrow_copy(ctx: LoaderContext, shard_set: OpenShardSet) -> Any:
+def arrow_copy(ctx: LoaderContext, shard_set: OpenShardSet, check_files: bool = True) -> Any:
     """The map mode's Dataset: datasets' Arrow copy of the set as its files are now, made where
-    there is none or the set changed since (shards/copies.py), found otherwise."""
+    there is none or the set changed since (shards/copies.py). check_files false: the copy
+    set-up checked in this process (in the clock, a bucket's listing would cost a request)."""
+    key = (ctx.cache, shard_set.guard.digest)
+    if not check_files and key in _copies:
+        return _copies[key][1]
     copy = copies.copy_for(ctx.cache / copies.ARROW_COPIES, shard_set.folder, shard_set.manifest)
-    key = (copy.folder, json.dumps(copy.made_from))
-    if key not in _copies:
+    made_from = json.dumps(copy.made_from)
+    if key not in _copies or _copies[key][0] != made_from:
         copy.renew()
-        _copies[key] = _load(shard_set, str(copy.folder), streaming=False)
+        _copies[key] = (made_from, _load(shard_set, str(copy.folder), streaming=False))
         copy.made()
-    return _copies[key]
+    return _copies[key][1]
 
 
 class TimedRows(Dataset):
@@ -218,7 +220,7 @@ def _decode_rows(ctx: LoaderContext, shard_set: OpenShardSet) -> DecodeRows:
 
 
 def _build_map(ctx: LoaderContext, shard_set: OpenShardSet) -> Iterable[Batch]:
-    table = arrow_copy(ctx, shard_set)
+    table = arrow_copy(ctx, shard_set, check_files=False)  # checked in set-up
     parquet_format.check_columns(table, str(shard_set.folder))
     rows = row_numbers(np.asarray(table["id"]), len(ctx.records), str(shard_set.folder))
     shards = shard_set.manifest.shards
@@ -270,7 +272,7 @@ def set_up(ctx: LoaderContext) -> dict[str, float]:
 def epoch_files(ctx: LoaderContext) -> list[str]:
     """The files an epoch reads: datasets' Arrow copy in map mode, else the Parquet files."""
     if ctx.options.mode == ParquetMode.map:
-        copy = arrow_copy(ctx, open_shard_set(ctx, check=False))
+        copy = arrow_copy(ctx, open_shard_set(ctx, check=False), check_files=False)
         return [found["filename"] for found in copy.cache_files]
     return []  # the shards' own: LoaderSpec.data_files
 
