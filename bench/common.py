@@ -20,7 +20,8 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,18 @@ def sweep_train(
     sweep = ["train.py", "-m", "tracking=false", *overrides, f"hydra.sweep.dir={folder}"]
     run_python(sweep, log=folder / "sweep.log", check=False, env=env)
     return sweep_results(folder)
+
+
+@contextmanager
+def busy_cores(n: int) -> Iterator[None]:
+    """`n` processes that spin while the block runs: another job beside a run, on a shared host."""
+    spinning = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for process in spinning:
+            process.kill()
+            process.wait()
 
 
 def generated_root(n_images: int) -> Path:

@@ -15,14 +15,12 @@ each check, of how many.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import mlflow
-from common import Bench, parser, run_python
+from common import Bench, busy_cores, parser, run_python
 
 from facebench.loaders.ray_one_machine import ray_processes
 from facebench.report.tables import markdown
@@ -79,20 +77,12 @@ def main() -> None:
     arguments.add_argument("overrides", nargs="*", help=f"train.py's (default: {DEFAULT})")
     bench = Bench.start(arguments)
     overrides = bench.args.overrides or DEFAULT
-    busy = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(bench.args.busy)
-    ]
     checks: list[dict[str, bool | float]] = []
-    try:
-        with tempfile.TemporaryDirectory(prefix="job-ends-") as scratch:
-            for index in range(bench.args.runs):
-                checks.append(one_run(Path(scratch), index, overrides))
-                failed = [name for name, ok in checks[-1].items() if ok is False]
-                print(f"run {index + 1}: {'ok' if not failed else ', '.join(failed)}", flush=True)
-    finally:
-        for process in busy:
-            process.kill()
-            process.wait()
+    with busy_cores(bench.args.busy), tempfile.TemporaryDirectory(prefix="job-ends-") as scratch:
+        for index in range(bench.args.runs):
+            checks.append(one_run(Path(scratch), index, overrides))
+            failed = [name for name, ok in checks[-1].items() if ok is False]
+            print(f"run {index + 1}: {'ok' if not failed else ', '.join(failed)}", flush=True)
     names = [name for name in checks[0] if name != "seconds"]
     rows = [[name, f"{sum(not run[name] for run in checks)} of {len(checks)}"] for name in names]
     seconds = sorted(float(run["seconds"]) for run in checks)

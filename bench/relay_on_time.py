@@ -21,13 +21,10 @@ runs the relay in front of it, answering from its copy (storage.answers=copy).
 from __future__ import annotations
 
 import os
-import subprocess
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-from common import Bench, generated_root, parser, run_train
+from common import Bench, busy_cores, generated_root, parser, run_train
 
 from facebench.data.synthetic import ensure_synthetic
 from facebench.host.paths import cache_dir
@@ -44,18 +41,6 @@ NEAR = {  # what is emulated: its storage profile, and its keys beyond the profi
 }
 
 
-@contextmanager
-def both_cores_busy() -> Iterator[None]:
-    """Two processes that spin while the block runs: another job on a two-core host."""
-    spinning = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(2)]
-    try:
-        yield
-    finally:
-        for process in spinning:
-            process.kill()
-            process.wait()
-
-
 def busy_table(scratch: str, s3: server.Running, url: str, args) -> str:
     base = [
         "loader=dataset", "n_workers=4", f"batch_size={args.batch_size}", "model=none",
@@ -65,7 +50,7 @@ def busy_table(scratch: str, s3: server.Running, url: str, args) -> str:
     for _ in range(args.rounds):
         for load in ("quiet", "both cores busy"):
             for name, key in SCHEDULERS.items():
-                with both_cores_busy() if load != "quiet" else nullcontext():
+                with busy_cores(0 if load == "quiet" else 2):
                     runs.setdefault((load, name), []).append(run_train(scratch, [*base, key]))
     rows = []
     for (load, name), found in runs.items():
@@ -139,7 +124,7 @@ def main() -> None:
             f"the local object server (Swift with s3api, memcached) on the same two cores, the "
             f"relay in front of it answering from its copy; `loader=dataset n_workers=4 "
             f"batch_size={args.batch_size} model=none host_only=true`; {args.rounds} rounds, "
-            "the schedulers alternated within each; busy: two `sh` loops spinning beside the "
+            "the schedulers alternated within each; busy: two processes spinning beside the "
             "run, nothing else ran"
         )
         if "busy" in args.only:
