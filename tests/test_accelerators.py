@@ -116,6 +116,26 @@ def test_au_leaves_the_first_step_out_and_counts_only_the_steps():
     assert EmulatedSteps(steps.accelerator).metrics(1.0) == {}  # no step: nothing to say
 
 
+def test_a_loop_that_goes_on_late_after_a_step_is_counted():
+    """accelerator_late_s: the time the loop went on after its steps' ends (a wait that woke
+    late, as a busy host's fair scheduler makes it), not the time it was fed late."""
+    clock = _Clock()
+
+    def oversleep(seconds: float) -> None:
+        clock.sleep(seconds + 0.002)  # each wait ends 2 ms after the step did
+
+    steps = EmulatedSteps(
+        Accelerator("x", images_per_s=100.0, min_au=0.9, source=""), clock=clock,
+        sleep=oversleep, busy=clock.sleep,
+    )  # fmt: skip
+    for _ in range(3):
+        steps.step(10)  # 0.1 s each, waited for at once (sync=every_step)
+    clock.now += 1.0  # the loader late: no step is waited for meanwhile
+    steps.step(10)
+    metrics = steps.metrics(epoch_end=clock.now)
+    assert metrics["accelerator_late_s"] == pytest.approx(4 * 0.002)
+
+
 @pytest.mark.alone
 @pytest.mark.slow  # 6,000 images: epochs of 10 steps of 600
 @pytest.mark.parametrize("rate", [2000, 8960])

@@ -396,7 +396,7 @@ def test_the_limit_a_bucket_run_meets_first(distance, metrics, limit):
 
 @pytest.mark.parametrize(
     ("realtime", "why"),
-    [(1.0, "its one core shared with the loader's"),
+    [(1.0, "under real-time scheduling, behind its own work (it kept 40% of its one core busy)"),
      (0.0, "without real-time scheduling, it waited for a core behind the loader's workers")],
 )  # fmt: skip
 def test_a_late_relay_says_whether_it_ran_in_real_time(realtime, why):
@@ -405,7 +405,7 @@ def test_a_late_relay_says_whether_it_ran_in_real_time(realtime, why):
     metrics = {
         **_from_bucket(6000, 6000, 42.0, 100.0, stage_worker_cpu_us=900.0),
         "storage_relay_late_frac": 0.6, "storage_relay_endpoint_frac": 0.0,
-        "storage_relay_realtime": realtime,
+        "storage_relay_realtime": realtime, "storage_relay_cpu_frac": 0.4,
     }  # fmt: skip
     found = holding_back(metrics, 380.0, Distance(latency_ms=20), 2, 2)
     assert found is not None and found.kind == "the relay"

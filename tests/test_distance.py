@@ -105,9 +105,8 @@ def test_past_the_request_rate_503s_are_refused_and_counted(relayed) -> None:
 def both_cores_busy() -> Iterator[None]:
     """Two processes that spin for the block, as a loader's workers (or another job) fill the
     cores of a two-core machine."""
-    spinning = [
-        subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(os.cpu_count() or 2)
-    ]
+    cores = len(os.sched_getaffinity(0))
+    spinning = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(cores)]
     try:
         yield
     finally:
@@ -116,6 +115,7 @@ def both_cores_busy() -> Iterator[None]:
             process.wait()
 
 
+@pytest.mark.alone  # it fills every core: no other test's timing beside it
 def test_on_busy_cores_the_relay_answers_at_its_time(relayed) -> None:
     """Real-time scheduling keeps the relay on time while every core is busy: under the fair
     scheduler it answered 30-66% of its first bytes late at 20 ms (the host's load measured,
@@ -130,6 +130,7 @@ def test_on_busy_cores_the_relay_answers_at_its_time(relayed) -> None:
     late = counted["storage_relay_late_frac"] * answered
     assert answered == 200 and counted["storage_relay_realtime"] == 1
     assert late / answered <= 0.05, f"{late:.0f} of {answered:.0f} answers late"
+    assert counted["storage_relay_ttfb_mean_ms"] <= 20 * 1.1  # within 10% of the emulated
 
 
 def test_no_distance_no_relay(s3: server.Running, tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ connection too many. Each ends as HTTP says, in seconds, and the relay goes on s
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import socketserver
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 import pytest
 
 from facebench.host.ports import free_port
+from facebench.storage import relay_timer
 
 _IDLE_S = 1.0
 
@@ -189,3 +191,27 @@ def test_an_idle_connection_is_closed_and_one_too_many_is_refused(endpoint):
         first.close()
         time.sleep(0.2)
         assert _exchange(port, _get("/fine")).endswith(b"\r\n\r\nok")  # room again
+
+
+def test_the_timer_wakes_every_waiter_never_before_its_moment():
+    """relay_timer.until: waiters given out of order each wake, none before its moment (how
+    soon after is the bench's to measure: bench/relay_on_time.py), and one cancelled (its
+    connection gone) leaves the others waking."""
+    woke: list[tuple[int, float, float]] = []
+
+    async def wait(index: int, moment: float) -> None:
+        await relay_timer.until(moment)
+        woke.append((index, moment, time.monotonic()))
+
+    async def main() -> None:
+        start = time.monotonic()
+        offsets = [0.030, 0.0005, 0.012, 0.004, 0.0201]
+        tasks = [asyncio.create_task(wait(i, start + s)) for i, s in enumerate(offsets)]
+        doomed = asyncio.create_task(wait(99, start + 0.008))
+        await asyncio.sleep(0.001)
+        doomed.cancel()
+        await asyncio.gather(*tasks)
+
+    asyncio.run(main())
+    assert sorted(index for index, _, _ in woke) == [0, 1, 2, 3, 4]  # the cancelled one not
+    assert all(at >= moment for _, moment, at in woke)

@@ -57,8 +57,6 @@ def subset_tree(
     target = cache / "samples" / f"{place}-{listed.hexdigest()[:16]}-n{n}"
     if target.is_dir():
         return target
-    for older in target.parent.glob(f"{place}-*-n{n}"):  # of the same data, as it was before
-        shutil.rmtree(older, ignore_errors=True)
     chosen = sorted(np.random.default_rng(seed).choice(len(records), n, replace=False).tolist())
     staging = target.with_name(f".{target.name}.partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)

@@ -5,8 +5,9 @@ It waits for moments (a first byte's, a paced chunk's) that a real bucket keeps 
 is doing. Under the kernel's fair scheduler, a relay that wakes while the loader's workers fill
 every core waits its turn: at 20 ms emulated, with another job beside the run, 30-66% of its
 answers left late, and what was measured was the host's load, not the bucket. Under SCHED_RR it
-runs the moment its time comes; it works little (about 0.4 ms of CPU a request), and the
-kernel's real-time throttling (95% of each second by default) keeps it from starving the rest.
+runs the moment its time comes; it works little (about 0.4 ms of CPU a request), the kernel's
+real-time throttling (95% of each second by default) keeps it from starving the rest, and an
+RLIMIT_RTTIME ends a relay that would spin without blocking where that throttling is off.
 
 (The emulated accelerator's wait needs none of this: slept, it wakes on time on a busy host, as
 the fair scheduler favours a thread that slept; spun, it stands for a training process's
@@ -20,12 +21,14 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import threading
 
 log = logging.getLogger(__name__)
 
 # Low among real-time priorities (1-99): above every ordinary thread, below the kernel's own.
 PRIORITY = 10
+_RUNAWAY_US = 2_000_000  # the CPU time a real-time thread may take without blocking
 _said = threading.Event()
 
 
@@ -34,9 +37,13 @@ def make_process_realtime() -> bool:
     process all of whose threads stand in for something outside the host (the relay). Whether
     it was allowed; nothing is said here (the job that started the process says it)."""
     try:
-        os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(PRIORITY))
+        # Not passed on to a process it would fork: only its threads stand in for the bucket.
+        os.sched_setscheduler(0, os.SCHED_RR | os.SCHED_RESET_ON_FORK, os.sched_param(PRIORITY))
     except OSError:  # PermissionError where neither root, CAP_SYS_NICE nor RLIMIT_RTPRIO allow
         return False
+    # A thread that ran this long without blocking is a bug, not a bucket: the kernel ends the
+    # process (SIGXCPU) rather than let it hold a core, where real-time throttling is off.
+    resource.setrlimit(resource.RLIMIT_RTTIME, (_RUNAWAY_US, _RUNAWAY_US))
     return True
 
 
@@ -49,6 +56,8 @@ def say_relay_not_realtime() -> None:
     log.warning(
         "the emulated bucket's relay runs without real-time scheduling (not allowed to this "
         "process): while the loader fills the cores it answers late, and the run measures the "
-        "host's load as much as the bucket (storage_relay_late_frac says how much). Allow it "
-        "with ulimit -r %d before the run, or --cap-add=SYS_NICE for a container", PRIORITY,
+        "host's load as much as the bucket (storage_relay_late_frac says how much). Allow it: "
+        "ulimit -r %d before the run (its hard limit from rtprio in "
+        "/etc/security/limits.conf), or in a container --ulimit rtprio=%d or "
+        "--cap-add=SYS_NICE", PRIORITY, PRIORITY,
     )  # fmt: skip

@@ -70,8 +70,8 @@ class Options(LoaderConfig):
 
 
 def _features() -> Any:
-    """The set's columns as datasets types: given, so that datasets reads no file's schema to
-    infer them (a GET more from a bucket); each file's footer was checked in set-up."""
+    """The set's columns as datasets types: given, so that it reads no file's schema (a GET
+    more from a bucket); each file's footer was checked in set-up."""
     from datasets import Features, Value
 
     return Features(
@@ -86,8 +86,7 @@ def _features() -> Any:
 
 
 def _load(shard_set: OpenShardSet, cache: str, streaming: bool) -> Any:
-    """datasets.load_dataset over the set's files (its Arrow copy made or found, unless
-    streaming); one line naming the set where datasets cannot read it."""
+    """datasets.load_dataset over the set's files; one line naming the set if it cannot."""
     import datasets
     from datasets.exceptions import DatasetsError
 
@@ -129,9 +128,10 @@ def arrow_copy(ctx: LoaderContext, shard_set: OpenShardSet, check_files: bool = 
     copy = copies.copy_for(ctx.cache / copies.ARROW_COPIES, shard_set.folder, shard_set.manifest)
     made_from = json.dumps(copy.made_from)
     if key not in _copies or _copies[key][0] != made_from:
-        copy.renew()
-        _copies[key] = (made_from, _load(shard_set, str(copy.folder), streaming=False))
-        copy.made()
+        with copy.making():
+            copy.renew()
+            _copies[key] = (made_from, _load(shard_set, str(copy.folder), streaming=False))
+            copy.made()
     return _copies[key][1]
 
 
@@ -256,8 +256,8 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
 
 
 def set_up(ctx: LoaderContext) -> dict[str, float]:
-    """Once per job: the shards built if missing; in map mode, datasets' Arrow copy of them
-    made (or found) before the clock, with the GETs a copy from a bucket took."""
+    """Once per job: the shards built if missing; in map mode, datasets' Arrow copy made (or
+    found) before the clock, with the GETs a copy from a bucket took."""
     metrics = ensure_loader_shards(ctx, "parquet")
     parquet_bucket.counting()
     shard_set = open_shard_set(ctx)  # each file's footer checked, before the clock
@@ -278,9 +278,9 @@ def epoch_files(ctx: LoaderContext) -> list[str]:
 
 
 def worker_memory(ctx: LoaderContext) -> int:
-    held = 0
-    if ctx.options.mode == ParquetMode.streaming:  # its buffer, and a row group being read
-        held = ctx.options.shuffle_buffer * 32 * 2**10 + ctx.row_group_size * 32 * 2**10
+    held = 0  # streaming: its buffer, and a row group being read
+    if ctx.options.mode == ParquetMode.streaming:
+        held = (ctx.options.shuffle_buffer + ctx.row_group_size) * 32 * 2**10
     return shared.worker_memory(ctx, normalized=DecodeStage.of(ctx).normalized, held=held)
 
 

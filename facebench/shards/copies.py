@@ -6,21 +6,27 @@ A copy lives in a folder of its own, named by the set's place and its manifest's
 sizes, sha256): a rebuilt set, whose files hash otherwise, gets another folder, whatever the
 library's own cache key says (datasets keys local files by their modification time alone, which
 a copy that keeps times, `cp -p` or `rsync -a`, leaves as it was). Beside the copy, `made-from.json`
-records each file as it was when the copy was made (its size and modification time, or a
-bucket's ETag): a file changed since, even one its manifest was made to agree with, has the copy
-made again, and a file that cannot be read then ends the run in the library's own line.
+records each file as it was when the copy was made (its size, modification and change times and
+inode, or a bucket's ETag): a file changed since, even one its manifest was made to agree with,
+has the copy made again, and a file that cannot be read then ends the run in the library's own
+line. One process at a time checks or makes a copy (a lock beside it).
 
-Copies of a set that was rebuilt are removed: when facebench rebuilds it (shards/build.py) and
-when a copy of the new set is made. Only folders holding facebench's `made-from.json` are ever
-removed, as shard folders keep any file facebench did not write.
+Copies of a set that was rebuilt are removed: when facebench rebuilds it in a folder
+(shards/build.py), and when a copy of the new set is made (a set uploaded to a bucket: then).
+Only folders holding facebench's `made-from.json` are ever removed, as shard folders keep any
+file facebench did not write; copies made before these records were kept are not facebench's
+to tell apart (data.cache_dir/hf-datasets/parquet/: remove by hand).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +70,16 @@ class SetCopy:
             )  # fmt: skip
         shutil.rmtree(self.folder, ignore_errors=True)
 
+    @contextmanager
+    def making(self) -> Iterator[None]:
+        """One process at a time checks, clears or makes this copy (sweep jobs, a job's ranks,
+        prepare.py beside train.py): a copy another process is still making is never taken for
+        an interrupted one. A POSIX lock, dropped however its process ends."""
+        self.folder.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.folder.parent / f"{self.folder.name}.lock", "a+b") as lock:
+            fcntl.lockf(lock, fcntl.LOCK_EX)
+            yield
+
     def made(self) -> None:
         """Record that the copy is whole and what it was made from (after the library's own
         copy is complete: a copy interrupted before has no record, and is made again)."""
@@ -75,10 +91,17 @@ class SetCopy:
 def copy_for(cache: Path, folder: Folder, manifest: Manifest) -> SetCopy:
     """The copy of this set under `cache` (data.cache_dir/hf-datasets), with its files as they
     are now: each one's size and modification time, or for a bucket its ETag (one listing)."""
-    where = str(folder)
+    where = _place(folder)
     named = [[shard.name, shard.bytes, shard.sha256] for shard in manifest.shards]
     key = hashlib.sha256(json.dumps([where, named]).encode()).hexdigest()[:24]
     return SetCopy(cache / key, {"set": where, "files": _versions(folder, manifest)})
+
+
+def _place(folder: Folder) -> str:
+    """The set's place, one spelling for each: a folder's absolute path, a prefix unslashed."""
+    if isinstance(folder, str) and in_bucket(folder):
+        return folder.rstrip("/")
+    return str(Path(folder).resolve())
 
 
 def _versions(folder: Folder, manifest: Manifest) -> list[list[Any]]:
@@ -93,9 +116,12 @@ def _versions(folder: Folder, manifest: Manifest) -> list[list[Any]]:
     for shard in manifest.shards:
         try:
             stat = (Path(folder) / shard.name).stat()
-            versions.append([shard.name, stat.st_size, stat.st_mtime_ns])
         except OSError:
-            versions.append([shard.name, -1, 0])
+            versions.append([shard.name, -1, 0, 0, 0])
+            continue
+        # The change time and inode too: a copy that keeps times (cp -p, rsync -a) keeps the
+        # modification time, but not these.
+        versions.append([shard.name, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino])
     return versions
 
 
@@ -126,7 +152,7 @@ def forget(cache: Path, where: Folder, keep: Path | None = None) -> int:
             made_from = json.loads(stamp.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        if made_from.get("set") == str(where):
+        if made_from.get("set") == _place(where):
             shutil.rmtree(copy, ignore_errors=True)
             removed += 1
     if removed:

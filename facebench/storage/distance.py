@@ -122,7 +122,7 @@ def emulated(storage: Any, folder: Path, seed: int = 0) -> Iterator[str]:
     relay = spawn(command, log_path=log_path, env=env)
     try:
         port = _port_of(log_path, relay)
-        if storage.realtime and not snapshot(f"http://127.0.0.1:{port}").get("realtime"):
+        if storage.realtime and not _realtime(f"http://127.0.0.1:{port}", log_path):
             say_relay_not_realtime()
         log.info(
             "emulating the bucket's distance (%s) with a relay at 127.0.0.1:%d in front of %s, "
@@ -204,6 +204,15 @@ def _less(value: Any, earlier: Any) -> Any:
     if isinstance(value, list):
         return [now - then for now, then in zip(value, earlier or [0] * len(value), strict=True)]
     return value - (earlier or 0)
+
+
+def _realtime(via: str, log_path: Path) -> bool:
+    """Whether the relay just started runs under real-time scheduling, as it says itself."""
+    try:
+        return bool(snapshot(via).get("realtime"))
+    except OSError as error:  # it died, or does not answer, since it said where it listens
+        said = f"the distance relay does not answer ({error}); its log: {log_path}"
+        raise StorageError(said) from None
 
 
 def _port_of(log_path: Path, relay: Child) -> int:

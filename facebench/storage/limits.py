@@ -118,7 +118,8 @@ def _waited_for(
         )
     if distance.latency_ms and late >= LATE:  # answered from the copy, after their time
         why = (
-            "its one core shared with the loader's"
+            "under real-time scheduling, behind its own work (it kept "
+            f"{metrics.get('storage_relay_cpu_frac', 0.0):.0%} of its one core busy)"
             if metrics.get("storage_relay_realtime", 1.0)
             else "without real-time scheduling, it waited for a core behind the loader's "
             "workers (storage.realtime, ulimit -r)"

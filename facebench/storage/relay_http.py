@@ -23,8 +23,6 @@ from xml.sax.saxutils import escape
 
 import h11
 
-from facebench.storage.relay_timer import pause
-
 CHUNK = 64 * 2**10  # bytes sent at a time, and the unit bandwidth is paced in
 READ = 64 * 2**10  # bytes read from a socket at a time
 _SLOW_DOWN = (
@@ -126,7 +124,8 @@ class Peer:
             return
         if pace and isinstance(event, h11.Data):
             wait = max(bucket.wait_for(len(data)) if bucket else 0.0 for bucket in pace)
-            await pause(wait)
+            if wait:  # a token bucket: a late wake-up is made up on the next chunk
+                await asyncio.sleep(wait)
         self.writer.write(data)
         await self.writer.drain()
 
@@ -179,7 +178,8 @@ async def send_prepared(client: Peer, prepared: Prepared, pace: list[Pace | None
     """The prepared bytes, then the rest of the body a chunk at a time, paced."""
     try:
         wait = max((bucket.wait_for(len(prepared.first)) for bucket in pace if bucket), default=0)
-        await pause(wait)
+        if wait:
+            await asyncio.sleep(wait)
         client.writer.write(prepared.first)
         await client.writer.drain()
         for at in range(0, len(prepared.rest), CHUNK):
