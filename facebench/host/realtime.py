@@ -5,9 +5,8 @@ It waits for moments (a first byte's, a paced chunk's) that a real bucket keeps 
 is doing. Under the kernel's fair scheduler, a relay that wakes while the loader's workers fill
 every core waits its turn: at 20 ms emulated, with another job beside the run, 30-66% of its
 answers left late, and what was measured was the host's load, not the bucket. Under SCHED_RR it
-runs the moment its time comes; it works little (about 0.4 ms of CPU a request), the kernel's
-real-time throttling (95% of each second by default) keeps it from starving the rest, and an
-RLIMIT_RTTIME ends a relay that would spin without blocking where that throttling is off.
+runs the moment its time comes; it works little (about 0.4 ms of CPU a request), and the
+kernel's real-time throttling (95% of each second by default) keeps it from starving the rest.
 
 (The emulated accelerator's wait needs none of this: slept, it wakes on time on a busy host, as
 the fair scheduler favours a thread that slept; spun, it stands for a training process's
@@ -21,14 +20,12 @@ from __future__ import annotations
 
 import logging
 import os
-import resource
 import threading
 
 log = logging.getLogger(__name__)
 
 # Low among real-time priorities (1-99): above every ordinary thread, below the kernel's own.
 PRIORITY = 10
-_RUNAWAY_US = 2_000_000  # the CPU time a real-time thread may take without blocking
 _said = threading.Event()
 
 
@@ -41,9 +38,8 @@ def make_process_realtime() -> bool:
         os.sched_setscheduler(0, os.SCHED_RR | os.SCHED_RESET_ON_FORK, os.sched_param(PRIORITY))
     except OSError:  # PermissionError where neither root, CAP_SYS_NICE nor RLIMIT_RTPRIO allow
         return False
-    # A thread that ran this long without blocking is a bug, not a bucket: the kernel ends the
-    # process (SIGXCPU) rather than let it hold a core, where real-time throttling is off.
-    resource.setrlimit(resource.RLIMIT_RTTIME, (_RUNAWAY_US, _RUNAWAY_US))
+    # No RLIMIT_RTTIME: a relay kept busy by its clients polls without blocking for as long as
+    # they keep it busy (storage_relay_cpu_frac near 1), which such a limit would kill.
     return True
 
 
