@@ -140,7 +140,7 @@ def test_the_checked_listing_follows_the_images_it_checked(make_cfg, data_copy):
 @pytest.mark.parametrize("shard_format", ["pickle", "raw"])
 def test_decoded_shards_follow_an_image_replaced_under_them(data_copy, tmp_path, shard_format):
     """Decoded shards keep pixels, not files: an image replaced by another (same name, same
-    count of images) has the set built again, and the new pixels in it."""
+    count of images) has the set built again from the files as they are now."""
     folder = tmp_path / shard_format
     before = ensure_shards(data_copy, folder, shard_format, shard_size=40)
     images = sorted((data_copy / "DigiFace1M" / "0").iterdir())
