@@ -52,17 +52,14 @@ class SetCopy:
 
     def current(self) -> bool:
         """Whether the copy there was made, in full, from the set's files as they are now."""
-        stamp = self.folder / MADE_FROM
-        try:
-            return json.loads(stamp.read_text(encoding="utf-8")) == self.made_from
-        except (OSError, ValueError):
-            return False
+        return _record(self.folder) == self.made_from
 
     def renew(self) -> None:
         """Clear what is in the copy's folder unless it is current: the library makes it again."""
-        if not self.folder.exists() or self.current():
+        record = _record(self.folder)
+        if not self.folder.exists() or record == self.made_from:
             return
-        changed = _changed_file(self.folder / MADE_FROM, self.made_from)
+        changed = _changed_file(record, self.made_from) if record else ""
         if changed:
             log.info(
                 "%s changed since the Arrow copy in %s was made; making it again",
@@ -125,16 +122,21 @@ def _versions(folder: Folder, manifest: Manifest) -> list[list[Any]]:
     return versions
 
 
-def _changed_file(stamp: Path, now: dict[str, Any]) -> str:
-    """The first file whose size or version differs from the copy's record ('' without one)."""
+def _record(copy: Path) -> dict[str, Any] | None:
+    """What a copy's made-from.json says it was made from; None where it has none (a copy
+    interrupted, or not facebench's) or one that cannot be read."""
     try:
-        before = json.loads(stamp.read_text(encoding="utf-8"))
+        return json.loads((copy / MADE_FROM).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return ""
+        return None
+
+
+def _changed_file(before: dict[str, Any], now: dict[str, Any]) -> str:
+    """The first file whose size or version differs from the copy's record."""
     was = {name: rest for name, *rest in before.get("files", [])}
     for name, *rest in now["files"]:
         if was.get(name) != rest:
-            return f"{now['set'].rstrip('/')}/{name}"
+            return f"{now['set']}/{name}"
     return ""
 
 
@@ -144,15 +146,11 @@ def forget(cache: Path, where: Folder, keep: Path | None = None) -> int:
     if not cache.is_dir():
         return 0
     removed = 0
+    place = _place(where)
     for stamp in cache.glob(f"*/{MADE_FROM}"):
         copy = stamp.parent
-        if copy == keep:
-            continue
-        try:
-            made_from = json.loads(stamp.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if made_from.get("set") == _place(where):
+        record = _record(copy) if copy != keep else None
+        if record is not None and record.get("set") == place:
             shutil.rmtree(copy, ignore_errors=True)
             removed += 1
     if removed:
