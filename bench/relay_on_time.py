@@ -53,17 +53,10 @@ def busy_table(scratch: str, s3: server.Running, url: str, args) -> str:
                 with busy_cores(0 if load == "quiet" else 2):
                     metrics = checked(name, run_train(scratch, [*base, key]))
                 runs.setdefault((load, name), []).append(metrics)
-    rows = []
-    for (load, name), found in runs.items():
-        rows.append(
-            [
-                load, name,
-                _each(found, "storage_relay_late_frac", "{:.3f}"),
-                _each(found, "storage_relay_ttfb_mean_ms", "{:.1f}"),
-                _each(found, "storage_get_p50_ms", "{:.1f}"),
-                _each(found, "images_per_s", "{:,.0f}"),
-            ]
-        )  # fmt: skip
+    rows = _rows(runs, [
+        ("storage_relay_late_frac", "{:.3f}"), ("storage_relay_ttfb_mean_ms", "{:.1f}"),
+        ("storage_get_p50_ms", "{:.1f}"), ("images_per_s", "{:,.0f}"),
+    ])  # fmt: skip
     header = ["host", "relay", "late share", "relay's mean first byte, ms",
               "clients' GET p50, ms", "images/s"]  # fmt: skip
     return markdown(header, rows)
@@ -82,18 +75,11 @@ def near_table(scratch: str, s3: server.Running, url: str, args) -> str:
                 overrides = [*base, *s3.overrides(url, profile=profile), *keys, key]
                 metrics = checked(scheduler, run_train(scratch, overrides))
                 runs.setdefault((name, scheduler), []).append(metrics)
-    rows = []
-    for (name, scheduler), found in runs.items():
-        rows.append(
-            [
-                name, scheduler,
-                _each(found, "storage_emulated_mean_ms", "{:.2f}"),
-                _each(found, "storage_relay_ttfb_mean_ms", "{:.2f}"),
-                _each(found, "storage_relay_ready_mean_ms", "{:.2f}"),
-                _each(found, "storage_relay_behind_mean_ms", "{:.2f}"),
-                _each(found, "storage_relay_late_frac", "{:.3f}"),
-            ]
-        )  # fmt: skip
+    rows = _rows(runs, [
+        ("storage_emulated_mean_ms", "{:.2f}"), ("storage_relay_ttfb_mean_ms", "{:.2f}"),
+        ("storage_relay_ready_mean_ms", "{:.2f}"), ("storage_relay_behind_mean_ms", "{:.2f}"),
+        ("storage_relay_late_frac", "{:.3f}"),
+    ])  # fmt: skip
     header = ["emulated", "relay", "emulated mean, ms", "relay's mean first byte, ms",
               "ready, ms", "behind, ms", "late share"]  # fmt: skip
     return markdown(header, rows)
@@ -110,9 +96,16 @@ def checked(scheduler: str, metrics: dict) -> dict:
     return metrics
 
 
-def _each(runs: list[dict], name: str, form: str) -> str:
-    """Every round's value, in order: '0.012 / 0.004'."""
-    return " / ".join(form.format(run[name]) if name in run else "-" for run in runs)
+def _rows(
+    runs: dict[tuple[str, str], list[dict]], columns: list[tuple[str, str]]
+) -> list[list[str]]:
+    """A row per case (its two labels), then per metric every round's value in order, as
+    `form` writes it: '0.012 / 0.004'."""
+    return [
+        [*labels, *(" / ".join(form.format(run[name]) if name in run else "-" for run in found)
+                    for name, form in columns)]
+        for labels, found in runs.items()
+    ]  # fmt: skip
 
 
 def main() -> None:

@@ -34,8 +34,10 @@ def make_process_realtime() -> bool:
     process all of whose threads stand in for something outside the host (the relay). Whether
     it was allowed; nothing is said here (the job that started the process says it)."""
     try:
-        # Not passed on to a process it would fork: only its threads stand in for the bucket.
-        os.sched_setscheduler(0, os.SCHED_RR | os.SCHED_RESET_ON_FORK, os.sched_param(PRIORITY))
+        # Without SCHED_RESET_ON_FORK, which resets new threads too, not only processes (seen:
+        # a thread started after it ran under SCHED_OTHER): the relay's timer thread must
+        # inherit this. The relay starts no process.
+        os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(PRIORITY))
     except OSError:  # PermissionError where neither root, CAP_SYS_NICE nor RLIMIT_RTPRIO allow
         return False
     # No RLIMIT_RTTIME: a relay kept busy by its clients polls without blocking for as long as
