@@ -33,7 +33,7 @@ from facebench.data.synthetic import synthetic_root
 from facebench.host.device import cpu_model
 from facebench.host.paths import PROJECT_ROOT, cache_dir
 from facebench.report.sweep_summary import sweep_results
-from facebench.stages import WORKER_STAGES
+from facebench.stages import BUILT_IN_STAGES
 
 BENCHMARKS_MD = PROJECT_ROOT / "docs" / "benchmarks.md"
 
@@ -198,14 +198,14 @@ def stamp() -> str:
 # Where each image's time went (facebench/stages.py): the workers' CPU time in each stage, the
 # time they waited inside the stages (for a core or storage), and their whole CPU time (the
 # stages' share of it: the rest is start-up, the loader's bookkeeping, handing batches over).
-STAGE_HEADER = [*(f"{name} CPU us" for name in WORKER_STAGES), "waited us", "worker CPU us"]
+STAGE_HEADER = [*(f"{name} CPU us" for name in BUILT_IN_STAGES), "waited us", "worker CPU us"]
 
 
 def stage_cells(metrics: dict[str, float]) -> list[str]:
     """A run's STAGE_HEADER cells; "-" where its loader's stages are not broken down."""
     if "stage_worker_us" not in metrics:
         return ["-"] * len(STAGE_HEADER)
-    cells = [f"{metrics.get(f'stage_{name}_cpu_us', 0.0):,.0f}" for name in WORKER_STAGES]
+    cells = [f"{metrics.get(f'stage_{name}_cpu_us', 0.0):,.0f}" for name in BUILT_IN_STAGES]
     cells.append(f"{metrics.get('stage_waited_us', 0.0):,.0f}")
     cells.append(f"{metrics.get('stage_worker_cpu_us', 0.0):,.0f}")
     return cells

@@ -8,7 +8,11 @@ Worker side, wherever a loader does its work:
 
     read       getting the bytes: open and read a file, a tar stream, a shard (and its check)
     decode     bytes -> pixels: JPEG/PNG decoding, unpickling decoded images
-    transform  resize, crop, to-tensor, normalize, on the host
+    load       a custom loader's own sample code (loader=custom): its dataset's `__getitem__`
+               or `__next__` outside its transforms, reading and decoding in calls of the
+               user's that facebench cannot split (facebench/custom/probes.py)
+    transform  resize, crop, to-tensor, normalize, on the host (a custom loader's transforms,
+               each also under its own class name: `parts`)
     collate    assembling the batch
 
 each in wall-clock and in CPU time. Summed over every batch the loop received, the stages' CPU
@@ -33,8 +37,11 @@ from dataclasses import dataclass, field
 
 from facebench.fetches import Fetches
 
-WORKER_STAGES = ("read", "decode", "transform", "collate")
-READ, DECODE, TRANSFORM, COLLATE = range(len(WORKER_STAGES))
+WORKER_STAGES = ("read", "decode", "load", "transform", "collate")
+READ, DECODE, LOAD, TRANSFORM, COLLATE = range(len(WORKER_STAGES))
+# The stages of facebench's own loaders, which every run's line shows; `load` only where a run
+# had some (loader=custom).
+BUILT_IN_STAGES = ("read", "decode", "transform", "collate")
 MAIN_STAGES = ("wait", "handover", "finish", "step")
 
 
@@ -51,6 +58,9 @@ class StageTimes:
     fallbacks: int = 0
     # What reading from an object store cost (facebench/fetches.py); None: nothing fetched.
     fetches: Fetches | None = None
+    # Named parts of a stage (a custom loader's transforms, by class name): (name, wall ns,
+    # CPU ns) each, their time also counted in their stage.
+    parts: tuple[tuple[str, int, int], ...] = ()
 
 
 @dataclass
@@ -64,6 +74,7 @@ class StageTotals:
     timed_batches: int = 0
     fallbacks: int = 0
     fetches: Fetches = field(default_factory=Fetches)
+    parts: dict[str, list[int]] = field(default_factory=dict)  # name: [wall ns, CPU ns]
     main_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(MAIN_STAGES, 0.0))
     enabled: bool = True  # False: stage_times=false, nothing to report
 
@@ -78,6 +89,10 @@ class StageTotals:
         self.fallbacks += times.fallbacks
         if times.fetches is not None:
             self.fetches.add(times.fetches)
+        for name, ns, cpu in times.parts:
+            part = self.parts.setdefault(name, [0, 0])
+            part[0] += ns
+            part[1] += cpu
 
     def metrics(self, images: int, epoch_time_s: float) -> dict[str, float]:
         """Per image, for every worker stage: stage_<name>_cpu_us (CPU time) and its share of
@@ -102,6 +117,11 @@ class StageTotals:
             if self.worker_cpu_ns > 0:
                 metrics["stage_worker_coverage"] = worker_total / self.worker_cpu_ns
             metrics["decode_fallbacks"] = float(self.fallbacks)
+            for name, (ns, cpu) in self.parts.items():
+                metrics[f"part_{name}_us"] = ns / 1e3 / images
+                metrics[f"part_{name}_cpu_us"] = cpu / 1e3 / images
+                if cpu_total > 0:
+                    metrics[f"part_{name}_cpu_frac"] = cpu / cpu_total
         for name, seconds in self.main_s.items():
             metrics[f"stage_{name}_us"] = seconds * 1e6 / images
             metrics[f"stage_{name}_frac"] = seconds / epoch_time_s
@@ -128,16 +148,41 @@ def dominant_label(metrics: Mapping[str, float]) -> str | None:
     return f"{name} {share:.0%}"
 
 
+def shown_stages(metrics: Mapping[str, float]) -> tuple[str, ...]:
+    """The worker stages a run's line and tables show: `load` only where it had some."""
+    if metrics.get("stage_load_us", 0.0) <= 0:
+        return BUILT_IN_STAGES
+    # A custom loader's: its own code's stages, and facebench's where it timed some.
+    always = ("load", "transform", "collate")
+    return tuple(
+        name for name in WORKER_STAGES if name in always or metrics.get(f"stage_{name}_us", 0) > 0
+    )
+
+
+def parts(metrics: Mapping[str, float]) -> list[tuple[str, float]]:
+    """A run's named parts (a custom loader's transforms) and each one's share of the stages'
+    CPU time, costliest first."""
+    shares = {
+        key.removeprefix("part_").removesuffix("_cpu_frac"): value
+        for key, value in metrics.items()
+        if key.startswith("part_") and key.endswith("_cpu_frac")
+    }
+    return sorted(shares.items(), key=lambda item: -item[1])
+
+
 def describe(metrics: Mapping[str, float]) -> str | None:
-    """One log line: each worker stage's CPU time per image, and the wait inside them, then
-    the loop's time."""
+    """One log line: each worker stage's CPU time per image (a custom loader's transforms by
+    name), and the wait inside them, then the loop's time."""
     if "stage_main_coverage" not in metrics:
         return None
     loop = ", ".join(f"{name} {metrics[f'stage_{name}_frac']:.0%}" for name in MAIN_STAGES)
     if dominant(metrics) is None:
         return f"stages: workers not broken down; the loop's time: {loop}"
+    named = ", ".join(f"{name} {share:.0%}" for name, share in parts(metrics))
     worker = ", ".join(
-        f"{name} {metrics.get(f'stage_{name}_cpu_us', 0.0):,.0f} us" for name in WORKER_STAGES
+        f"{name} {metrics.get(f'stage_{name}_cpu_us', 0.0):,.0f} us"
+        + (f" ({named} of the stages' CPU time)" if name == "transform" and named else "")
+        for name in shown_stages(metrics)
     )
     cpu = metrics.get("stage_worker_cpu_us", 0.0)
     waited = metrics.get("stage_waited_us", 0.0)

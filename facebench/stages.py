@@ -34,8 +34,10 @@ from typing import TypeVar
 
 from facebench.fetches import Fetches
 from facebench.stage_metrics import (
+    BUILT_IN_STAGES,
     COLLATE,
     DECODE,
+    LOAD,
     MAIN_STAGES,
     READ,
     TRANSFORM,
@@ -48,8 +50,10 @@ from facebench.stage_metrics import (
 )
 
 __all__ = [
+    "BUILT_IN_STAGES",
     "COLLATE",
     "DECODE",
+    "LOAD",
     "MAIN_STAGES",
     "READ",
     "TRANSFORM",
@@ -64,8 +68,10 @@ __all__ = [
     "fallback",
     "fetched",
     "lap",
+    "lap_part",
     "now",
     "set_timing",
+    "spent",
     "take",
     "take_fetches",
     "timed_items",
@@ -83,7 +89,7 @@ def now() -> Mark:
 
 
 class _Tally:
-    __slots__ = ("ns", "stage_cpu", "cpu_mark", "fallbacks", "fetches")
+    __slots__ = ("ns", "stage_cpu", "cpu_mark", "fallbacks", "fetches", "parts")
 
     def __init__(self, cpu_mark: int) -> None:
         self.ns = [0] * len(WORKER_STAGES)
@@ -91,6 +97,7 @@ class _Tally:
         self.cpu_mark = cpu_mark
         self.fallbacks = 0
         self.fetches: Fetches | None = None
+        self.parts: dict[str, list[int]] = {}
 
 
 def _in_child() -> bool:
@@ -124,16 +131,44 @@ def _tally() -> _Tally:
         return tally
 
 
-def lap(stage: int, since: Mark) -> Mark:
-    """Add the time since `since` (a `now()` or `lap()` reading of this thread) to `stage`;
+def lap(stage: int, since: Mark, less: Mark = _OFF) -> Mark:
+    """Add the time since `since` (a `now()` or `lap()` reading of this thread) to `stage`,
+    less `less` (time inside it already given to another stage: `spent` before and after);
     return the moment now, where the next stage starts."""
     if not _enabled:
         return _OFF
     t = (time.perf_counter_ns(), time.thread_time_ns())
     tally = _tally()
-    tally.ns[stage] += t[0] - since[0]
-    tally.stage_cpu[stage] += max(0, t[1] - since[1])
+    tally.ns[stage] += max(0, t[0] - since[0] - less[0])
+    tally.stage_cpu[stage] += max(0, t[1] - since[1] - less[1])
     return t
+
+
+def lap_part(stage: int, name: str, since: Mark) -> Mark:
+    """`lap`, and the same time added to the part `name` of the stage (a transform by its
+    class name), which travels with the batch as the stages do."""
+    if not _enabled:
+        return _OFF
+    t = (time.perf_counter_ns(), time.thread_time_ns())
+    tally = _tally()
+    wall, cpu = t[0] - since[0], max(0, t[1] - since[1])
+    tally.ns[stage] += wall
+    tally.stage_cpu[stage] += cpu
+    part = tally.parts.get(name)
+    if part is None:
+        part = tally.parts[name] = [0, 0]
+    part[0] += wall
+    part[1] += cpu
+    return t
+
+
+def spent(stage: int) -> Mark:
+    """The wall and CPU time this thread has given `stage` since its last take: read before
+    and after a call to tell the time spent inside it from the call's own."""
+    if not _enabled:
+        return _OFF
+    tally = _tally()
+    return (tally.ns[stage], tally.stage_cpu[stage])
 
 
 def fallback() -> None:
@@ -167,6 +202,7 @@ def take() -> StageTimes | None:
         (os.getpid(), threading.get_ident()),
         tally.fallbacks,
         tally.fetches,
+        tuple((name, wall, used) for name, (wall, used) in tally.parts.items()),
     )
     _local.tally = _Tally(cpu)  # the next batch's tally, its CPU counted from here
     return times

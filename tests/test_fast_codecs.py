@@ -170,14 +170,14 @@ def test_fallbacks_cross_worker_processes_with_their_batches(make_cfg, tmp_path)
 
 def test_fallbacks_reach_the_metrics_and_the_log_line():
     totals = stages.StageTotals()
-    totals.add_batch(stages.StageTimes((1, 2, 3, 4), (1, 1, 1, 1), 10, (1, 1), 2))
-    totals.add_batch(stages.StageTimes((10, 20, 30, 40), (5, 5, 5, 5), 20, (1, 2), 1))
+    totals.add_batch(stages.StageTimes((1, 2, 0, 3, 4), (1, 1, 0, 1, 1), 10, (1, 1), 2))
+    totals.add_batch(stages.StageTimes((10, 20, 0, 30, 40), (5, 5, 0, 5, 5), 20, (1, 2), 1))
     totals.main_s["wait"] = 1.0
     metrics = totals.metrics(images=10, epoch_time_s=1.0)
     assert metrics["decode_fallbacks"] == 3
     assert "3 images decoded by PIL instead" in stages.describe(metrics)
     totals = stages.StageTotals()
-    totals.add_batch(stages.StageTimes((1, 2, 3, 4), (1, 1, 1, 1), 10, (1, 1)))
+    totals.add_batch(stages.StageTimes((1, 2, 0, 3, 4), (1, 1, 0, 1, 1), 10, (1, 1)))
     totals.main_s["wait"] = 1.0
     metrics = totals.metrics(images=10, epoch_time_s=1.0)
     assert metrics["decode_fallbacks"] == 0

@@ -39,19 +39,19 @@ def test_a_take_holds_this_threads_stages_since_its_last_take():
     stages.lap(stages.COLLATE, start)
     first = stages.take()
     assert first is not None
-    read, decode, transform, collate = first.ns
-    assert read == transform == 0
+    read, decode, load, transform, collate = first.ns
+    assert read == load == transform == 0
     assert decode >= 0.02e9 and collate >= 0.01e9
     # CPU time: the work itself, never more than the wall time it took (but for the
     # microsecond between reading one clock and the other).
-    cpu_read, cpu_decode, cpu_transform, cpu_collate = first.stage_cpu_ns
-    assert cpu_read == cpu_transform == 0
+    cpu_read, cpu_decode, cpu_load, cpu_transform, cpu_collate = first.stage_cpu_ns
+    assert cpu_read == cpu_load == cpu_transform == 0
     assert 0.02e9 <= cpu_decode <= decode + 1e6 and 0.01e9 <= cpu_collate <= collate + 1e6
     # The thread's CPU time since the epoch began (not since it started): the 30 ms of work,
     # and no more than the wall time that passed.
     assert 0.03e9 <= first.cpu_ns <= decode + collate + 0.05e9
     second = stages.take()
-    assert second is not None and second.ns == (0, 0, 0, 0)
+    assert second is not None and second.ns == (0, 0, 0, 0, 0)
 
 
 def test_each_thread_keeps_its_own_tally():
@@ -146,7 +146,7 @@ def _timeline(clocks: _FakeClocks, totals: StageTotals) -> LoopTimeline:
 def test_the_loop_timeline_gives_every_moment_to_one_stage():
     clocks, totals = _FakeClocks(), StageTotals()
     timeline = _timeline(clocks, totals)
-    times = StageTimes((1000, 2000, 3000, 4000), (1000, 2000, 3000, 4000), 12_000, (-1, -1))
+    times = StageTimes((1000, 2000, 0, 3000, 4000), (1000, 2000, 0, 3000, 4000), 12_000, (-1, -1))
 
     def loader():
         clocks.advance(0.9, cpu=0.1)  # blocked 0.8 s on the workers, 0.1 s receiving
@@ -170,7 +170,7 @@ def test_the_loop_timeline_gives_every_moment_to_one_stage():
     assert main["step"] == pytest.approx(2 * 0.25 + 0.1)
     assert main["finish"] == pytest.approx(0.0)
     assert sum(main.values()) == pytest.approx(clocks.wall)
-    assert totals.worker_ns == [1000, 2000, 3000, 4000] and totals.timed_batches == 1
+    assert totals.worker_ns == [1000, 2000, 0, 3000, 4000] and totals.timed_batches == 1
 
 
 def test_a_batch_loaded_in_the_loops_own_thread_is_wait_not_handover():
@@ -178,7 +178,7 @@ def test_a_batch_loaded_in_the_loops_own_thread_is_wait_not_handover():
     timeline = _timeline(clocks, totals)
     me = LoopTimeline(totals, 0.0)._me
     # n_workers=0: the loop's thread spent 0.7 s of CPU loading the batch, 0.6 s of it in stages.
-    stage_ns = (int(0.2e9), int(0.4e9), 0, 0)
+    stage_ns = (int(0.2e9), int(0.4e9), 0, 0, 0)
     times = StageTimes(stage_ns, stage_ns, int(0.7e9), me)
 
     def loader():
@@ -195,7 +195,7 @@ def test_a_batch_loaded_in_the_loops_own_thread_is_wait_not_handover():
 def test_stage_metrics_are_per_image_and_shares():
     totals = StageTotals()
     # Wall: decode 300 us of 500 us; CPU: read 80, decode 100, collate 100 (transform waited).
-    wall, cpu = (100_000, 300_000, 0, 100_000), (80_000, 100_000, 0, 100_000)
+    wall, cpu = (100_000, 300_000, 0, 0, 100_000), (80_000, 100_000, 0, 0, 100_000)
     totals.add_batch(StageTimes(wall, cpu, 500_000, (1, 1)))
     totals.main_s.update(wait=0.3, handover=0.1, finish=0.0, step=0.6)
     metrics = totals.metrics(images=10, epoch_time_s=1.0)

@@ -29,6 +29,7 @@ from facebench.host.distributed import World, barrier
 from facebench.host.paths import PROJECT_ROOT, cache_dir, shards_root
 from facebench.host.resources import check_workers
 from facebench.host.shared_memory import InFlight
+from facebench.loaders import searchpath
 from facebench.loaders.failures import count_oom_kills_from_now
 from facebench.loaders.shared import LoaderContext
 from facebench.loaders.spec import Handover, LoaderSpec
@@ -37,21 +38,45 @@ from facebench.storage.address import in_bucket
 
 CONFIGS = PROJECT_ROOT / "conf" / "loader"
 _registered: dict[str, LoaderSpec] = {}
+_users: dict[str, Path] = {}  # loader files in the command's hydra.searchpath, by name
+
+
+def add_search_path(args: list[str]) -> None:
+    """Take the loaders in the loader/ folders of a command line's hydra.searchpath as choices
+    of their own (`loader=shop` for myconf/loader/shop.yaml)."""
+    _users.update(searchpath.user_loaders(searchpath.folders(args)))
+
+
+def user_file(name: str) -> Path | None:
+    """The YAML file of a loader from the command's hydra.searchpath; None for facebench's."""
+    return _users.get(name) if name not in _builtin() else None
+
+
+def _builtin() -> set[str]:
+    return {path.stem for path in CONFIGS.glob("*.yaml")} | set(_registered)
 
 
 def names(real_only: bool = False, storage: str = "local") -> list[str]:
-    """Every loader (conf/loader/ and registered ones); real_only: those that read real samples
-    (not the compute ceiling) from `storage` (local: this machine's files; s3: a bucket)."""
-    every = sorted({path.stem for path in CONFIGS.glob("*.yaml")} | set(_registered))
+    """Every loader (conf/loader/, registered ones, and those in the loader/ folders of the
+    command's hydra.searchpath); real_only: facebench's that read real samples (not the compute
+    ceiling, not a user's own pipeline) from `storage` (local: this machine's files; s3: a
+    bucket)."""
+    every = sorted(_builtin() | set(_users))
     if not real_only:
         return every
-    return [name for name in every if not get(name).ceiling and get(name).reads(storage)]
+    return [
+        name
+        for name in every
+        if not get(name).ceiling and get(name).own is None and get(name).reads(storage)
+    ]
 
 
 def get(name: str) -> LoaderSpec:
     """The loader named `name` (loader=<name>)."""
     if name in _registered:
         return _registered[name]
+    if (path := user_file(name)) is not None:
+        return get(searchpath.base_of(path, sorted(_builtin())))
     if not (CONFIGS / f"{name}.yaml").is_file():
         raise ConfigError(f"loader={name}: no such loader; choose one of {', '.join(names())}")
     spec = getattr(importlib.import_module(f"{__name__}.{name}"), "LOADER", None)
@@ -119,6 +144,8 @@ def in_flight(name: str, spec: LoaderSpec, ctx: LoaderContext, loop_holds: int) 
     traits = spec.traits_for(ctx.options)
     if traits.workers != Workers.process or ctx.n_workers == 0 or not spec.through_shared_memory:
         return None
+    if traits.handover == Handover.own:
+        return None  # a user's batches: their size is known once they are made
     if traits.handover == Handover.normalized:
         crop = ctx.geometry.cropped
         image_bytes, kind = 4 * 3 * crop[0] * crop[1], f"float32 3x{crop[0]}x{crop[1]}"
@@ -159,8 +186,10 @@ def threaded() -> list[str]:
 
 
 def register(name: str, spec: LoaderSpec) -> None:
-    """Add a loader that lives outside facebench/loaders/: `loader=<name>` then composes (its
-    options schema with their defaults) and every list of loaders has it."""
+    """Add a loader that lives outside facebench/loaders/, from Python (a plugin, a test):
+    `loader=<name>` then composes (its options schema with their defaults) and every list of
+    loaders has it. A pipeline of your own needs none of this: `loader=custom
+    loader.dataset._target_=mymodule.MyDataset` (docs/own-pipeline.md)."""
     _registered[name] = spec
     ConfigStore.instance().store(group="loader", name=name, node=spec.options(name=name))
 

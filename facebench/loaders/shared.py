@@ -132,6 +132,8 @@ class LoaderContext:
     # Resize, crop and normalization sizes (transform.*): what `transform` applies per sample,
     # and what uint8 batches hold and the device finishes.
     geometry: Geometry = ARTICLE
+    # A user's own pipeline, built before the clock (loader=custom: facebench/custom/).
+    own: Any = None
 
     @property
     def data_root(self) -> Path:

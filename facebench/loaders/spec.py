@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from facebench.config import LoaderConfig, Workers
 from facebench.errors import ConfigError
@@ -26,11 +27,13 @@ from facebench.storage.address import in_bucket
 class Handover(StrEnum):
     normalized = "normalized"  # float (n, 3, crop, crop), normalized: what the model takes
     uint8 = "uint8"  # (n, resize, resize, 3) uint8 and crop offsets: the device finishes them
+    own = "own"  # a user's own batches (loader=custom), as its pipeline makes them
 
 
 class Pixels(StrEnum):
     exact = "exact"  # pixel for pixel the article's preprocessing (PIL)
     close = "close"  # other decoders or resampling (torchvision.io, DALI): within a few levels
+    own = "own"  # a user's own preprocessing (loader=custom)
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,10 @@ class LoaderSpec:
     # The S3 client its library makes for itself (storage.client, which every other loader's
     # GETs go through, cannot change it); None: it reads through storage.client.
     own_client: str | None = None
+    # A user's own pipeline (loader=custom): it reads data of its own, not the run's data=.
+    # Called once per job, before any clock, in place of listing data=; what it returns
+    # (built, checked) is the LoaderContext's `own`. None for facebench's loaders.
+    own: Callable[[Any], Any] | None = None
 
     def traits_for(self, options: LoaderConfig | None = None) -> Traits:
         """Its traits with these options (its defaults when none are given)."""

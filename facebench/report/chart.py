@@ -32,6 +32,7 @@ def loader_colour(column: str) -> str:
 STAGE_COLOURS = {
     "read": "#4c72b0",
     "decode": "#dd8452",
+    "load": "#c44e52",
     "transform": "#55a868",
     "collate": "#8172b3",
 }

@@ -18,7 +18,7 @@ from facebench.report.sweep_table import (
     title,
 )
 from facebench.report.tables import markdown
-from facebench.stages import WORKER_STAGES
+from facebench.stages import BUILT_IN_STAGES, WORKER_STAGES
 
 
 def render_machines(tags: list[dict[str, str]]) -> str:
@@ -98,11 +98,14 @@ def _render_stages(table: Table) -> str:
     if not found:
         return ""
     rows = []
+    # `load` is a custom loader's own sample code: a column only where a run had some.
+    loaded = any(cell.stages.get("load", 0.0) > 0 for _, _, cell in found)
+    columns = WORKER_STAGES if loaded else BUILT_IN_STAGES
     for loader, workers, cell in found:
         top = max(cell.stages, key=cell.stages.__getitem__)
         values = [
             (f"**{us:,.0f}**" if name == top else f"{us:,.0f}")
-            for name, us in ((name, cell.stages.get(name, 0.0)) for name in WORKER_STAGES)
+            for name, us in ((name, cell.stages.get(name, 0.0)) for name in columns)
         ]
         waited = f"{cell.waited_us:,.0f}" if cell.waited_us is not None else "-"
         rows.append([loader, str(workers), *values, waited])
@@ -110,7 +113,7 @@ def _render_stages(table: Table) -> str:
         "\nWhere each image's time went: the workers' CPU time per image in each stage, in "
         "microseconds summed over the workers (each run's last epoch; the costliest stage in "
         "bold), and the time they waited inside the stages for a core or storage:\n\n"
-        + markdown(["loader", "n workers", *WORKER_STAGES, "waited"], rows)
+        + markdown(["loader", "n workers", *columns, "waited"], rows)
     )
 
 

@@ -24,6 +24,7 @@ from facebench.errors import FacebenchError, Interrupted, TrackingLost, interrup
 from facebench.host import parent_death, printable
 from facebench.host.distributed import agent_pid
 from facebench.host.paths import PROJECT_ROOT
+from facebench.run.guesses import FORM, own_pipeline_guess
 
 log = logging.getLogger("facebench")
 T = TypeVar("T")
@@ -36,7 +37,8 @@ def configure() -> None:
     if not OmegaConf.has_resolver("facebench_run_dir"):
         OmegaConf.register_new_resolver("facebench_run_dir", run_dir)
     sys.argv = [sys.argv[0], *(spelled_now(arg) for arg in sys.argv[1:])]
-    unknown = unknown_choice(sys.argv[1:])
+    loaders.add_search_path(sys.argv[1:])  # a user's own loader/*.yaml: choices like any other
+    unknown = own_pipeline_guess(sys.argv[1:], loaders.names()) or unknown_choice(sys.argv[1:])
     if unknown:
         sys.exit(unknown)  # one line on stderr, status 1, before Hydra lists its search path
 
@@ -71,21 +73,27 @@ def spelled_now(arg: str) -> str:
 def unknown_choice(args: list[str], conf: Path = PROJECT_ROOT / "conf") -> str | None:
     """`loader=datapipes`, `data=celeb`, or a sweep's `loader=dataset,datapipes`: the line that
     names the closest real choice (Hydra's own error lists every file of the group and its
-    search path, and names none). None when every group choice is a file of its group, or
-    when the command adds search paths of its own."""
-    if any(arg.startswith("hydra.searchpath") for arg in args):
-        return None
+    search path, and names none). None when every group choice is a file of its group (or,
+    for loader=, a loader in the command's search path), or, for the other groups, when the
+    command adds search paths of its own."""
+    searched = any(arg.startswith("hydra.searchpath") for arg in args)
     for arg in args:
         group, sep, values = arg.partition("=")
         folder = conf / group
         if not sep or not group.isidentifier() or not folder.is_dir():
             continue
+        if searched and group != "loader":
+            continue  # its choices may be in the search path's folders
         choices = sorted(path.stem for path in folder.glob("*.yaml"))
+        if group == "loader":
+            choices = loaders.names()
         for value in values.split(","):
             if value in choices or value == "null" or not value.isidentifier():
                 continue  # a sweep's glob(), range() or choice() is Hydra's to read
             closest = _closest(value, choices)
             hint = f"; did you mean {group}={closest}?" if closest else ""
+            if group == "loader" and not closest:
+                hint = f"; your own pipeline: {FORM.format(target='mymodule.MyDataset')}"
             return (
                 f"{group}={value}: no such choice (conf/{group}/ holds {', '.join(choices)}){hint}"
             )
@@ -150,9 +158,18 @@ def run_job(task: Callable[..., T], cfg: DictConfig) -> T | None:
     output_dir = Path(HydraConfig.get().runtime.output_dir)
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN or os.environ.get(MULTIRUN_ENV) == "1"
     try:
+        _named_by_choice(cfg)
         return task(typed(cfg), output_dir=output_dir, sweep_id=sweep_id(), multirun=multirun)
     except BaseException as error:
         return _end(error, multirun, distributed)
+
+
+def _named_by_choice(cfg: DictConfig) -> None:
+    """A loader from the user's own config folder (loader=shop, whose file starts from
+    `custom`) runs, and is recorded, under its own name."""
+    choice = HydraConfig.get().runtime.choices.get("loader")
+    if choice and "loader" in cfg and loaders.user_file(choice) is not None:
+        cfg.loader.name = choice
 
 
 def _end(error: BaseException, multirun: bool, distributed: bool) -> None:

@@ -58,7 +58,7 @@ def measure(
         max_batches=cfg.max_batches,
         sample_hz=cfg.sample_hz,
         label_counts=np.bincount(labels, minlength=ctx.labels.n_classes),
-        expected_images=len(ctx.records) if not cfg.max_batches else None,
+        expected_images=_expected(ctx) if not cfg.max_batches else None,
         join=join(trainer.model if trainer else None),
         loader_name=cfg.loader.name,
         # An emulated accelerator takes batches as a GPU run's host side hands them over.
@@ -89,9 +89,15 @@ def measure(
         epochs.append(epoch_metrics)
         if job.world.is_main:
             _log_epoch(step, epoch_metrics, settings.in_flight)
-        if not cfg.max_batches and not loader.ceiling:
+        if not cfg.max_batches and not loader.ceiling and loader.own is None:
             check_exactly_once(cfg, loader, len(ctx.records), epoch_metrics)
     return epochs
+
+
+def _expected(ctx: LoaderContext) -> int | None:
+    """The samples an epoch holds, for its progress bar: the records', or a user's dataset's
+    len() (None where it has none)."""
+    return len(ctx.records) if ctx.own is None else ctx.own.built.length()
 
 
 def _merge_ranks(world: World, metrics: dict[str, float], result: EpochResult) -> dict[str, float]:

@@ -9,7 +9,7 @@ import logging
 import posixpath
 import random
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -119,12 +119,14 @@ def _get_ready(cfg: TrainConfig, job: Job, results: JobResults, service: ExitSta
         loader.check_storage(cfg.storage.name, f"loader={cfg.loader.name}", cfg.storage.client)
         # A bucket's distance, where asked for: the relay runs for the whole job.
         via = service.enter_context(emulated(cfg.storage, cache_dir(cfg.data.cache_dir), cfg.seed))
-        data = list_data(cfg, job.world, via)
+        # A user's own pipeline reads its own data: it is built here, in place of data='s.
+        own = loader.own(cfg) if loader.own is not None else None
+        data = list_data(cfg, job.world, via) if own is None else own.job_data()
         results.metrics.update(data.metrics())
         results.tags.update(data.storage_tags)
         if loader.own_client and "storage_client" in results.tags:  # its library's, not ours
             results.tags["storage_client"] = loader.own_client.split(",")[0]
-        ctx = loaders.context(cfg, loader, data.listing, job.device, job.world)
+        ctx = replace(loaders.context(cfg, loader, data.listing, job.device, job.world), own=own)
         held = batches_held(job.device, cfg.host_only or job.accelerator is not None)
         results.metrics.update(loaders.set_up(cfg, loader, ctx, job.world, loop_holds=held))
         results.metrics.update(service.enter_context(loader.held(ctx)))
@@ -138,7 +140,9 @@ def _get_ready(cfg: TrainConfig, job: Job, results: JobResults, service: ExitSta
     if "shard_size_used" in results.metrics:  # beside shard_size, which it may be smaller than
         results.params["shard_size_used"] = int(results.metrics["shard_size_used"])
     # The runs view's column: which data, how much.
-    results.tags["data_set"] = data_label(cfg, ctx.data_root, len(ctx.records))
+    results.tags["data_set"] = (
+        data_label(cfg, ctx.data_root, len(ctx.records)) if own is None else own.label()
+    )
     if data.listing.labels.classes:  # folder data: which class each label index stands for
         results.classes = data.listing.labels.class_map()
     return _Ready(data, loader, ctx, via)
@@ -208,15 +212,18 @@ def _run(cfg: TrainConfig, job: Job, tracker: Tracker, results: JobResults, read
         if cfg.storage.name == "local"
         else f"from {data.storage_tags['storage_endpoint']}"
     )
-    log.info(
-        "data %s (%d samples, %d classes), loader=%s, %s, %s",
-        ctx.data_root,
-        len(ctx.records),
-        labels.n_classes,
-        cfg.loader.name,
-        consumer,
-        where,
-    )
+    if ctx.own is None:
+        log.info(
+            "data %s (%d samples, %d classes), loader=%s, %s, %s",
+            ctx.data_root,
+            len(ctx.records),
+            labels.n_classes,
+            cfg.loader.name,
+            consumer,
+            where,
+        )
+    else:  # its data are its own: said as it was built
+        log.info("loader=%s, %s", cfg.loader.name, consumer)
     relay_start = snapshot(ready.via) if ready.via else None  # the relay over the epochs only
     per_epoch = measure(cfg, job, loader, ctx, trainer, tracker, results.epochs)
     summary = summarise(per_epoch)

@@ -1,0 +1,233 @@
+"""Stage probes inside a user's pipeline, its code unchanged: its dataset's `__getitem__` (or
+`__next__`) timed as the `load` stage, its transforms as `transform` (each one of a Compose
+under its class name too), its collate as `collate`. The probes wrap the objects' callables;
+they are classes at module level, so that workers started by spawn or forkserver get them too.
+
+Where a batch is assembled, `Carrier` takes the stage times of the thread that assembled it and
+hands them to the loop with the batch (facebench/custom/batches.py unpacks them), together with
+what the loop checks the pipeline by: which worker made it, the first sample's digest (an
+IterableDataset that every worker yields whole), the worker's private memory.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+import torch
+from torch.utils.data import Dataset, IterableDataset, default_collate, get_worker_info
+
+from facebench import stages
+from facebench.errors import DataError
+
+MEMORY_EVERY_S = 1.0  # a worker reads its private memory at most this often
+
+
+class Carried(NamedTuple):
+    """A user's batch with what its producer measured."""
+
+    batch: Any
+    stages: stages.StageTimes | None
+    worker: int  # -1: the loop's own process
+    digest: str  # its first batch's first sample, else ""
+    private_bytes: int  # the worker's private memory when it made it; -1 not read
+
+
+def name_of(transform: Any) -> str:
+    """What a transform is called in the records: its class's name, or a function's."""
+    if isinstance(transform, Timed):
+        return transform.name
+    name = getattr(transform, "__name__", None) or type(transform).__name__
+    return "".join(char if char.isalnum() or char in "_-." else "_" for char in name) or "call"
+
+
+class Timed:
+    """A transform, its time given to the transform stage and to a part of its name."""
+
+    def __init__(self, transform: Callable[..., Any], name: str | None = None) -> None:
+        self.transform = transform
+        self.name = name or name_of(transform)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        start = stages.now()
+        out = self.transform(*args, **kwargs)
+        stages.lap_part(stages.TRANSFORM, self.name, start)
+        return out
+
+    def __repr__(self) -> str:
+        return repr(self.transform)
+
+
+def timed_transform(transform: Any) -> Any:
+    """The transform with its time measured: a Compose (torchvision v1 or v2, or any object
+    holding a list in `transforms`) as a copy whose every step is timed under its own name,
+    else the whole transform under its name. Already timed: as it is."""
+    if transform is None or isinstance(transform, Timed):
+        return transform
+    steps = getattr(transform, "transforms", None)
+    if isinstance(steps, list | tuple) and steps and all(callable(step) for step in steps):
+        composed = copy.copy(transform)  # the user's own Compose is left as it was
+        composed.transforms = type(steps)(timed_transform(step) for step in steps)
+        return composed
+    if getattr(transform, "transform", None) is not None and hasattr(transform, "target_transform"):
+        # torchvision's StandardTransform (a VisionDataset's `transforms`): its two halves.
+        joint = copy.copy(transform)
+        joint.transform = timed_transform(transform.transform)
+        joint.target_transform = timed_transform(transform.target_transform)
+        return joint
+    return Timed(transform) if callable(transform) else transform
+
+
+_TRANSFORM_ATTRIBUTES = ("transform", "target_transform", "transforms")
+
+
+def instrument(dataset: Any) -> list[str]:
+    """Time the transforms a dataset keeps by torchvision's convention (`transform`,
+    `target_transform`, `transforms`) or a Hugging Face Dataset's `set_transform`, in place;
+    the attributes timed."""
+    timed = []
+    for attribute in _TRANSFORM_ATTRIBUTES:
+        value = getattr(dataset, attribute, None)
+        if callable(value) and not isinstance(value, Timed):
+            try:
+                setattr(dataset, attribute, timed_transform(value))
+            except (AttributeError, TypeError):  # a read-only property: left untimed
+                continue
+            timed.append(attribute)
+    kwargs = getattr(dataset, "_format_kwargs", None)  # datasets.Dataset.set_transform's
+    if isinstance(kwargs, dict) and callable(kwargs.get("transform")):
+        kwargs["transform"] = timed_transform(kwargs["transform"])
+        timed.append("set_transform")
+    return timed
+
+
+def _load(call: Callable[[Any], Any], argument: Any, what: str) -> Any:
+    """One call of the dataset's own code, its time outside the transforms given to `load`."""
+    inside = stages.spent(stages.TRANSFORM)
+    start = stages.now()
+    try:
+        out = call(argument)
+    except Exception as error:  # the user's code: say which sample, with its own message
+        raise DataError(f"{what} raised {type(error).__name__}: {error}") from error
+    after = stages.spent(stages.TRANSFORM)
+    stages.lap(stages.LOAD, start, (after[0] - inside[0], after[1] - inside[1]))
+    return out
+
+
+class TimedSamples(Dataset):
+    """A map-style dataset's samples, each `__getitem__` timed (a dataset's own `__getitems__`
+    as one call)."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+        self.batched = callable(getattr(type(dataset), "__getitems__", None))
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        return _load(self.dataset.__getitem__, index, f"dataset[{index}]")
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        if self.batched:
+            return _load(self.dataset.__getitems__, indices, f"dataset[{indices[:4]}...]")
+        return [self[index] for index in indices]
+
+
+class TimedStream(IterableDataset):
+    """An IterableDataset's samples, each `__next__` timed."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __iter__(self) -> Iterator[Any]:
+        samples = iter(self.dataset)
+        position = 0
+        while True:
+            inside = stages.spent(stages.TRANSFORM)
+            start = stages.now()
+            try:
+                sample = next(samples)
+            except StopIteration:
+                return
+            except Exception as error:  # the user's code: say which sample
+                raise DataError(
+                    f"sample {position} of the IterableDataset raised {type(error).__name__}: "
+                    f"{error}"
+                ) from error
+            after = stages.spent(stages.TRANSFORM)
+            stages.lap(stages.LOAD, start, (after[0] - inside[0], after[1] - inside[1]))
+            yield sample
+            position += 1
+
+
+class Carrier:
+    """A collate function (the user's, or torch's default) whose time is the collate stage and
+    whose batch travels with its producer's stage times and checks (`Carried`)."""
+
+    def __init__(self, collate: Callable[[Any], Any] | None, digest: bool = False) -> None:
+        self.collate = collate or default_collate
+        self.digest = digest  # the first batch's first sample, per worker
+        self._first = True
+        self._memory_at = 0.0
+
+    def __call__(self, samples: Any) -> Carried:
+        start = stages.now()
+        batch = self.collate(samples)
+        stages.lap(stages.COLLATE, start)
+        info = get_worker_info()
+        digest = _digest(batch) if self.digest and self._first else ""
+        self._first = False
+        return Carried(batch, stages.take(), info.id if info else -1, digest, self._memory(info))
+
+    def _memory(self, info: Any) -> int:
+        now = time.monotonic()
+        if info is None or now - self._memory_at < MEMORY_EVERY_S:
+            return -1
+        self._memory_at = now
+        return private_bytes()
+
+
+def private_bytes() -> int:
+    """This process's private memory (its own pages, not those it shares with its parent):
+    what grows when a forked worker's reads copy the parent's pages (PyTorch issue 13246)."""
+    try:
+        with open("/proc/self/smaps_rollup", "rb") as rollup:
+            text = rollup.read()
+    except OSError:
+        return -1
+    total = 0
+    for line in text.splitlines():
+        if line.startswith((b"Private_Clean:", b"Private_Dirty:")):
+            total += int(line.split()[1]) * 1024
+    return total
+
+
+def _digest(batch: Any) -> str:
+    tensor = first_tensor(batch)
+    if tensor is None or tensor.dim() == 0 or len(tensor) == 0:
+        return ""
+    sample = tensor[0].detach().contiguous().cpu().reshape(-1).view(torch.uint8)
+    return hashlib.blake2b(sample.numpy().tobytes(), digest_size=8).hexdigest()
+
+
+def first_tensor(batch: Any, key: str = "") -> torch.Tensor | None:
+    """The tensor a batch is counted by: `key`'s (a dict's key, or a tuple's index), else a
+    tensor batch itself, or the first tensor of a tuple, list or dict."""
+    if key:
+        try:
+            found = batch[int(key)] if isinstance(batch, list | tuple) else batch[key]
+        except (KeyError, IndexError, TypeError, ValueError):
+            return None
+        return found if isinstance(found, torch.Tensor) else None
+    if isinstance(batch, torch.Tensor):
+        return batch
+    values = batch.values() if isinstance(batch, dict) else batch
+    if isinstance(values, list | tuple) or isinstance(batch, dict):
+        for value in values:
+            if isinstance(value, torch.Tensor):
+                return value
+    return None
