@@ -137,6 +137,40 @@ class TimedSamples(Dataset):
         return [self[index] for index in indices]
 
 
+class TimedGetItems:
+    """A map-style dataset's `__getitems__`, set on the instance of a dataset inside a user's
+    own DataLoader (which cannot be given another dataset): its fetcher asks for a batch's
+    samples through it, each `__getitem__` (or the class's `__getitems__`) timed."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.samples = TimedSamples(dataset)
+
+    def __call__(self, indices: list[int]) -> list[Any]:
+        samples = self.samples
+        if samples.batched:
+            call = type(samples.dataset).__getitems__
+            return _load(lambda chosen: call(samples.dataset, chosen), indices, "__getitems__")
+        getitem = type(samples.dataset).__getitem__
+        return [
+            _load(lambda i: getitem(samples.dataset, i), index, f"dataset[{index}]")
+            for index in indices
+        ]
+
+
+def time_in_place(dataset: Any) -> bool:
+    """Time the samples of a map-style dataset that a user's DataLoader holds; False where it
+    cannot be (an IterableDataset, whose iterator is the class's own; a read-only object)."""
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
+        return False
+    if isinstance(getattr(dataset, "__dict__", {}).get("__getitems__"), TimedGetItems):
+        return True  # the same dataset, another epoch
+    try:
+        dataset.__getitems__ = TimedGetItems(dataset)
+    except (AttributeError, TypeError):
+        return False
+    return True
+
+
 class TimedStream(IterableDataset):
     """An IterableDataset's samples, each `__next__` timed."""
 

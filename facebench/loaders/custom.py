@@ -22,7 +22,13 @@ from facebench.config import LoaderConfig, Workers
 from facebench.custom import target
 from facebench.custom.batches import Unwrapped
 from facebench.custom.checks import Observed
-from facebench.custom.probes import Carrier, TimedSamples, TimedStream, instrument
+from facebench.custom.probes import (
+    Carrier,
+    TimedSamples,
+    TimedStream,
+    instrument,
+    time_in_place,
+)
 from facebench.custom.target import Built, Kind
 from facebench.data.job_data import JobData
 from facebench.data.listing import Listing, Usable
@@ -160,6 +166,8 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
     if built.kind == Kind.loader:
         loader = built.pipeline
         observed.n_workers = loader.num_workers
+        if loader.batch_size is not None:  # its fetcher asks for a batch's samples at once
+            time_in_place(built.dataset)
         if not isinstance(loader.collate_fn, Carrier):  # the same DataLoader every epoch
             loader.collate_fn = Carrier(loader.collate_fn, digest=observed.iterable)
         return Unwrapped(loader, observed, mine.key, mine.for_model)
