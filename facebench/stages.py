@@ -47,6 +47,8 @@ from facebench.stage_metrics import (
     describe,
     dominant,
     dominant_label,
+    parts,
+    shown_stages,
 )
 
 __all__ = [
@@ -70,7 +72,9 @@ __all__ = [
     "lap",
     "lap_part",
     "now",
+    "parts",
     "set_timing",
+    "shown_stages",
     "spent",
     "take",
     "take_fetches",

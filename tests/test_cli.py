@@ -147,6 +147,9 @@ def test_bad_value_fails_with_one_clear_line(tmp_path, cache, isolated_env):
         (["-m", "n_workers=1", "loader=dataset,pickl"], "did you mean loader=pickle?"),
         (["experiment=artcle"], "did you mean experiment=article?"),
         (["loader=zzzzzz"], "loader=zzzzzz: no such choice (conf/loader/ holds ceiling, "),
+        (["loader=zzzzzz"], "your own pipeline: loader=custom loader.dataset._target_="),
+        # A search path's loaders are read from its loader/ folder: none there holds nope.
+        (["loader=nope", "hydra.searchpath=[file:///elsewhere]"], "loader=nope: no such choice"),
     ],
 )
 def test_an_unknown_choice_names_the_real_ones_and_the_closest(args, says):
@@ -164,7 +167,7 @@ def test_an_unknown_choice_names_the_real_ones_and_the_closest(args, says):
         ["loader=raw", "data=folder"],
         ["-m", "loader=dataset,datapipe,pickle", "n_workers=5,10"],
         ["experiment=null", "loader=glob(*)", "data.root=/x=y"],
-        ["loader=nope", "hydra.searchpath=[file:///elsewhere]"],  # its choices are not ours
+        ["data=nope", "hydra.searchpath=[file:///elsewhere]"],  # its choices are not ours
     ],
 )
 def test_real_choices_pass(args):

@@ -32,6 +32,7 @@ LAYERS = [
     {"storage"},  # data in a bucket: addresses, credentials, the client, a local server
     {"data"},
     {"shards"},
+    {"custom"},  # a user's own pipeline: built, probed inside, checked
     {"loaders"},
     {"measure"},
     {"tracking"},

@@ -47,6 +47,8 @@ class Advice:
     requests_per_worker: int = 8
     prices: Prices | None = None  # conf/cost/'s, for this storage and accelerator
     client: str = "crt"  # storage.client
+    # Where a user's own pipeline spends its time, what a change would give (advise/own.py).
+    inside: list[str] = field(default_factory=list)
 
     @property
     def per_host(self) -> bool:
@@ -97,7 +99,7 @@ class Advice:
             fewest = m.fewest_feeding(self.ceiling)
             best_workers, best = m.best()
             rate = min(self.ceiling, best) if m.rates else 0.0
-            epoch = f"{self.n_images / rate:,.0f} s" if rate else "n/a"
+            epoch = f"{self.n_images / rate:,.0f} s" if rate and self.n_images else "n/a"
             rows.append(
                 [
                     m.name,
@@ -289,6 +291,7 @@ class Advice:
             needs = f"{needs}\n\n{bills}".strip() if bills else needs
         return printable(
             f"## facebench advise: {self.target}\n\n{self.verdict()}\n\n"
+            + "".join(f"{line}\n\n" for line in self.inside)
             + (f"{needs}\n\n" if needs else "")
             + f"Compute ceiling: {self.ceiling:,.0f} images/s{self.ceiling_note}. "
             f"Data: {self.n_images:,} images."

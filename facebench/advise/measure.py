@@ -7,6 +7,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from facebench import loaders, stages
 from facebench.config import AdviseConfig, TrainConfig
@@ -74,6 +75,8 @@ def worker_counts(requested: list[int]) -> list[int]:
 def with_loader(cfg: AdviseConfig, name: str, **changes: object) -> TrainConfig:
     """The run's config with loader=<name> (its options' defaults, the run's crop and prefetch),
     as `loader=<name>` on the command line would give."""
+    if loaders.get(name).own is not None and name == cfg.loader.name:
+        return replace(cfg, **changes)  # a user's own pipeline: its options are what it is
     options = loaders.get(name).options(
         name=name, crop=cfg.loader.crop, prefetch_factor=cfg.loader.prefetch_factor
     )
@@ -90,14 +93,16 @@ def measure_loader(
     ceiling: float,
     via: str = "",
     distance: Distance | None = None,
+    own: Any = None,
 ) -> Measured:
     """Shards first (timed apart), then the host-side rate at more and more workers; `via`:
-    the relay emulating the bucket's `distance`, whose counters each measurement reads."""
+    the relay emulating the bucket's `distance`, whose counters each measurement reads; `own`:
+    a user's own pipeline, built (facebench/advise/own.py)."""
     distance = distance or Distance()
     measured = Measured(name)
     cfg = with_loader(cfg, name, model="none", host_only=True)
     spec = loaders.get(name)
-    ctx = loaders.context(cfg, spec, data.listing, job.device)
+    ctx = replace(loaders.context(cfg, spec, data.listing, job.device), own=own)
     loaders.set_up(cfg, spec, ctx, job.world)  # shared memory: per worker count, below
     manifest = Manifest.read(ctx.shards_dir) if ctx.shards_dir is not None else None
     if manifest is not None:
@@ -202,6 +207,7 @@ def costly_stage(measured: Measured, others: list[Measured]) -> str:
         (us, other.name)
         for other in others
         if other.name != measured.name
+        and loaders.get(other.name).own is None  # its stages split the work otherwise
         and (us := other.stage_us(name)) is not None
         and us < 0.25 * mine
     ]

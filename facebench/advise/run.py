@@ -13,6 +13,7 @@ from facebench.advise.answer import Advice
 from facebench.advise.ceiling import Ceiling, measure_ceiling
 from facebench.advise.chart import chart
 from facebench.advise.measure import RUN_S, Measured, measure_loader, worker_counts
+from facebench.advise.own import measure_own
 from facebench.config import AdviseConfig
 from facebench.costs import Prices
 from facebench.data.job_data import JobData, list_data
@@ -57,6 +58,8 @@ def advise(cfg: AdviseConfig) -> Advice:
     cfg = replace(cfg, n_workers=max(counts))  # what the resource check looks at
     deadline = started + cfg.budget_s
     job = Job.start(cfg)
+    if loaders.get(cfg.loader.name).own is not None:  # the user's own pipeline, and remedies
+        return _advise_own(cfg, job, started, deadline, counts)
     # A bucket's distance, where storage.* asks for one: the relay runs for the whole of advise.
     with emulated(cfg.storage, cache_dir(cfg.data.cache_dir), cfg.seed) as via:
         return _advise(cfg, job, started, deadline, counts, via)
@@ -72,15 +75,7 @@ def _advise(
         ceiling = Ceiling.emulated(job.accelerator, cfg.batch_size)
     else:
         ceiling = measure_ceiling(cfg, job, data, share)
-    device = f"an emulated {job.accelerator.name}" if job.accelerator else str(job.device)
-    trains = f"{cfg.model} trains" if job.accelerator is None else "the pace to keep"
-    log.info(
-        "compute ceiling: %s at %.0f images/s on %s%s",
-        trains,
-        ceiling.images_per_s,
-        device,
-        ceiling.note(),
-    )
+    device = _say_ceiling(cfg, job, ceiling)
     names = cfg.loaders or loaders.names(real_only=True)
     near = in_effect(cfg.storage, via)
     measured = _each_loader(
@@ -106,6 +101,46 @@ def _advise(
         requests_per_worker=cfg.storage.requests_per_worker,
         prices=Prices.of(cfg.cost, cfg.storage.name, cfg.accelerator.name),
         client=str(cfg.storage.client),
+    )
+
+
+def _say_ceiling(cfg: AdviseConfig, job: Job, ceiling: Ceiling) -> str:
+    """Log the pace to keep; what keeps it (the device, or an emulated accelerator)."""
+    device = f"an emulated {job.accelerator.name}" if job.accelerator else str(job.device)
+    trains = f"{cfg.model} trains" if job.accelerator is None else "the pace to keep"
+    log.info(
+        "compute ceiling: %s at %.0f images/s on %s%s",
+        trains,
+        ceiling.images_per_s,
+        device,
+        ceiling.note(),
+    )
+    return device
+
+
+def _advise_own(
+    cfg: AdviseConfig, job: Job, started: float, deadline: float, counts: list[int]
+) -> Advice:
+    """advise for the user's own pipeline (facebench/advise/own.py)."""
+    share = min(CEILING_SHARE * cfg.budget_s, deadline - time.perf_counter())
+    ceiling, measured, inside, n_images = measure_own(cfg, job, counts, deadline, share)
+    accelerator = job.accelerator
+    return Advice(
+        counts=counts,
+        model=str(cfg.model),
+        device=_say_ceiling(cfg, job, ceiling),
+        ceiling=ceiling.images_per_s,
+        n_images=n_images,
+        n_sample=n_images,
+        measured=measured,
+        seconds=time.perf_counter() - started,
+        budget_s=cfg.budget_s,
+        ceiling_s=ceiling.seconds,
+        ceiling_note=ceiling.note(),
+        accelerator_rate=accelerator.images_per_s if accelerator else 0.0,
+        accelerator_name=accelerator.name if accelerator else "",
+        accelerator_host_cpu=accelerator.host_cpu if accelerator else 1.0,
+        inside=inside,
     )
 
 

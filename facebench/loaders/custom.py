@@ -20,7 +20,6 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from facebench.config import LoaderConfig, Workers
 from facebench.custom import target
-from facebench.custom.batches import Unwrapped
 from facebench.custom.checks import Observed
 from facebench.custom.probes import (
     Carrier,
@@ -35,6 +34,7 @@ from facebench.data.listing import Listing, Usable
 from facebench.data.records import LabelSpace
 from facebench.errors import ConfigError
 from facebench.host.resources import WORKER_OWN_BYTES
+from facebench.loaders.custom_batches import Unwrapped
 from facebench.loaders.plan import epoch_seed
 from facebench.loaders.shared import Batch, LoaderContext
 from facebench.loaders.spec import Handover, LoaderSpec, Pixels, Traits

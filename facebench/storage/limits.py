@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from facebench.fetches import requests_in_flight
 from facebench.host.resources import worker_cores
-from facebench.stage_metrics import WORKER_STAGES
+from facebench.stage_metrics import BUILT_IN_STAGES, WORKER_STAGES
 from facebench.storage.distance import Distance
 
 BUSY = 0.75  # workers busy this share of their cores' time or more: bound by their CPU
@@ -172,7 +172,7 @@ def held_by(
     limit = holding_back(metrics, images_per_s, distance, workers, cores, ranks)
     if limit is not None:
         return limit.kind
-    stages = {name: metrics.get(f"stage_{name}_cpu_us") for name in WORKER_STAGES}
+    stages = {name: metrics.get(f"stage_{name}_cpu_us") for name in BUILT_IN_STAGES}
     if not images_per_request(metrics) or None in stages.values():
         return None
     stages["read"] = client_cpu_us(metrics)

@@ -1,5 +1,5 @@
-"""A user's batches as the epoch loop takes them: each one counted by a tensor it holds, its
-producer's stage times unpacked, and what it carried for the pipeline's checks observed."""
+"""loader=custom's batches as the epoch loop takes them: each one counted by a tensor it holds,
+its producer's stage times unpacked, and what it carried for the pipeline's checks observed."""
 
 from __future__ import annotations
 
