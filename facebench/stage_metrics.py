@@ -58,9 +58,9 @@ class StageTimes:
     fallbacks: int = 0
     # What reading from an object store cost (facebench/fetches.py); None: nothing fetched.
     fetches: Fetches | None = None
-    # Named parts of a stage (a custom loader's transforms, by class name): (name, wall ns,
-    # CPU ns) each, their time also counted in their stage.
-    parts: tuple[tuple[str, int, int], ...] = ()
+    # Named parts of a stage (a custom loader's transforms, by class name): (name, wall ns)
+    # each, their time also counted in their stage.
+    parts: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass
@@ -74,7 +74,7 @@ class StageTotals:
     timed_batches: int = 0
     fallbacks: int = 0
     fetches: Fetches = field(default_factory=Fetches)
-    parts: dict[str, list[int]] = field(default_factory=dict)  # name: [wall ns, CPU ns]
+    parts: dict[str, int] = field(default_factory=dict)  # name: wall ns
     main_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(MAIN_STAGES, 0.0))
     enabled: bool = True  # False: stage_times=false, nothing to report
 
@@ -89,10 +89,8 @@ class StageTotals:
         self.fallbacks += times.fallbacks
         if times.fetches is not None:
             self.fetches.add(times.fetches)
-        for name, ns, cpu in times.parts:
-            part = self.parts.setdefault(name, [0, 0])
-            part[0] += ns
-            part[1] += cpu
+        for name, ns in times.parts:
+            self.parts[name] = self.parts.get(name, 0) + ns
 
     def metrics(self, images: int, epoch_time_s: float) -> dict[str, float]:
         """Per image, for every worker stage: stage_<name>_cpu_us (CPU time) and its share of
@@ -117,11 +115,9 @@ class StageTotals:
             if self.worker_cpu_ns > 0:
                 metrics["stage_worker_coverage"] = worker_total / self.worker_cpu_ns
             metrics["decode_fallbacks"] = float(self.fallbacks)
-            for name, (ns, cpu) in self.parts.items():
+            for name, ns in self.parts.items():
                 metrics[f"part_{name}_us"] = ns / 1e3 / images
-                metrics[f"part_{name}_cpu_us"] = cpu / 1e3 / images
-                if cpu_total > 0:
-                    metrics[f"part_{name}_cpu_frac"] = cpu / cpu_total
+                metrics[f"part_{name}_frac"] = ns / worker_total
         for name, seconds in self.main_s.items():
             metrics[f"stage_{name}_us"] = seconds * 1e6 / images
             metrics[f"stage_{name}_frac"] = seconds / epoch_time_s
@@ -161,11 +157,11 @@ def shown_stages(metrics: Mapping[str, float]) -> tuple[str, ...]:
 
 def parts(metrics: Mapping[str, float]) -> list[tuple[str, float]]:
     """A run's named parts (a custom loader's transforms) and each one's share of the stages'
-    CPU time, costliest first."""
+    time, costliest first."""
     shares = {
-        key.removeprefix("part_").removesuffix("_cpu_frac"): value
+        key.removeprefix("part_").removesuffix("_frac"): value
         for key, value in metrics.items()
-        if key.startswith("part_") and key.endswith("_cpu_frac")
+        if key.startswith("part_") and key.endswith("_frac")
     }
     return sorted(shares.items(), key=lambda item: -item[1])
 
@@ -181,7 +177,7 @@ def describe(metrics: Mapping[str, float]) -> str | None:
     named = ", ".join(f"{name} {share:.0%}" for name, share in parts(metrics))
     worker = ", ".join(
         f"{name} {metrics.get(f'stage_{name}_cpu_us', 0.0):,.0f} us"
-        + (f" ({named} of the stages' CPU time)" if name == "transform" and named else "")
+        + (f" ({named} of the stages' time)" if name == "transform" and named else "")
         for name in shown_stages(metrics)
     )
     cpu = metrics.get("stage_worker_cpu_us", 0.0)

@@ -70,7 +70,7 @@ __all__ = [
     "fallback",
     "fetched",
     "lap",
-    "lap_part",
+    "part",
     "now",
     "parts",
     "set_timing",
@@ -101,7 +101,7 @@ class _Tally:
         self.cpu_mark = cpu_mark
         self.fallbacks = 0
         self.fetches: Fetches | None = None
-        self.parts: dict[str, list[int]] = {}
+        self.parts: dict[str, int] = {}  # name: wall ns
 
 
 def _in_child() -> bool:
@@ -148,22 +148,16 @@ def lap(stage: int, since: Mark, less: Mark = _OFF) -> Mark:
     return t
 
 
-def lap_part(stage: int, name: str, since: Mark) -> Mark:
-    """`lap`, and the same time added to the part `name` of the stage (a transform by its
-    class name), which travels with the batch as the stages do."""
-    if not _enabled:
-        return _OFF
-    t = (time.perf_counter_ns(), time.thread_time_ns())
-    tally = _tally()
-    wall, cpu = t[0] - since[0], max(0, t[1] - since[1])
-    tally.ns[stage] += wall
-    tally.stage_cpu[stage] += cpu
-    part = tally.parts.get(name)
-    if part is None:
-        part = tally.parts[name] = [0, 0]
-    part[0] += wall
-    part[1] += cpu
-    return t
+def part(name: str, since_ns: int) -> int:
+    """Add the wall-clock time since `since_ns` (a `time.perf_counter_ns()` reading) to the
+    part `name` (a step of a custom loader's Compose, by class name), which travels with the
+    batch as the stages do; its stage's time is taken around the whole (only the wall clock
+    here: the steps are many, and a thread's CPU clock costs a system call)."""
+    now_ns = time.perf_counter_ns()
+    if _enabled:
+        parts = _tally().parts
+        parts[name] = parts.get(name, 0) + now_ns - since_ns
+    return now_ns
 
 
 def spent(stage: int) -> Mark:
@@ -206,7 +200,7 @@ def take() -> StageTimes | None:
         (os.getpid(), threading.get_ident()),
         tally.fallbacks,
         tally.fetches,
-        tuple((name, wall, used) for name, (wall, used) in tally.parts.items()),
+        tuple(tally.parts.items()),
     )
     _local.tally = _Tally(cpu)  # the next batch's tally, its CPU counted from here
     return times

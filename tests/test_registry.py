@@ -47,6 +47,8 @@ def test_a_registered_loader_joins_the_loader_tests_unedited():
         (["loader=nodes", "loader.decoder=torchvision"], "nodes-w0-bs8-loader-only"),
         (["loader=spdl"], "spdl-w0-bs8-loader-only"),  # fast: its default
         (["loader=raw", "model=resnet50", "amp=off"], "raw-w0-bs8-fp32"),  # decodes nothing
+        # A user's own pipeline: named by its target, whose runs would otherwise share a name.
+        (["loader=custom", "loader.dataset._target_=m.Shop"], "custom-Shop-w0-bs8-loader-only"),
     ],
 )
 def test_a_runs_name_names_a_decoder_other_than_its_loaders_default(make_cfg, overrides, name):

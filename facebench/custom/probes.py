@@ -23,7 +23,11 @@ from torch.utils.data import Dataset, IterableDataset, default_collate, get_work
 from facebench import stages
 from facebench.errors import DataError
 
-MEMORY_EVERY_S = 1.0  # a worker reads its private memory at most this often
+# A worker reads its private memory at most once a second, and so that the reads take at most
+# this share of its time: reading /proc/self/smaps_rollup walks every mapping, 20 ms in a worker
+# that has torch and CUDA's libraries mapped (measured here).
+MEMORY_EVERY_S = 1.0
+MEMORY_SHARE = 0.005
 
 
 class Carried(NamedTuple):
@@ -38,23 +42,43 @@ class Carried(NamedTuple):
 
 def name_of(transform: Any) -> str:
     """What a transform is called in the records: its class's name, or a function's."""
-    if isinstance(transform, Timed):
-        return transform.name
+    if isinstance(transform, Timed | Step):
+        return transform.name or name_of(transform.transform)
     name = getattr(transform, "__name__", None) or type(transform).__name__
     return "".join(char if char.isalnum() or char in "_-." else "_" for char in name) or "call"
 
 
 class Timed:
-    """A transform, its time given to the transform stage and to a part of its name."""
+    """A transform, its time given to the transform stage (wall and CPU) and, `named`, to a
+    part of its name too."""
 
-    def __init__(self, transform: Callable[..., Any], name: str | None = None) -> None:
+    def __init__(self, transform: Callable[..., Any], named: bool = True) -> None:
         self.transform = transform
-        self.name = name or name_of(transform)
+        self.name = name_of(transform) if named else ""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         start = stages.now()
         out = self.transform(*args, **kwargs)
-        stages.lap_part(stages.TRANSFORM, self.name, start)
+        stages.lap(stages.TRANSFORM, start)
+        if self.name:
+            stages.part(self.name, start[0])
+        return out
+
+    def __repr__(self) -> str:
+        return repr(self.transform)
+
+
+class Step:
+    """One step of a Compose whose whole is Timed: its wall time given to a part of its name."""
+
+    def __init__(self, transform: Callable[..., Any]) -> None:
+        self.transform = transform
+        self.name = name_of(transform)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter_ns()
+        out = self.transform(*args, **kwargs)
+        stages.part(self.name, start)
         return out
 
     def __repr__(self) -> str:
@@ -63,15 +87,15 @@ class Timed:
 
 def timed_transform(transform: Any) -> Any:
     """The transform with its time measured: a Compose (torchvision v1 or v2, or any object
-    holding a list in `transforms`) as a copy whose every step is timed under its own name,
-    else the whole transform under its name. Already timed: as it is."""
-    if transform is None or isinstance(transform, Timed):
+    holding a list in `transforms`) as a copy timed whole, each step under its own name; else
+    the whole transform under its name. Already timed: as it is."""
+    if transform is None or isinstance(transform, Timed | Step):
         return transform
     steps = getattr(transform, "transforms", None)
     if isinstance(steps, list | tuple) and steps and all(callable(step) for step in steps):
         composed = copy.copy(transform)  # the user's own Compose is left as it was
-        composed.transforms = type(steps)(timed_transform(step) for step in steps)
-        return composed
+        composed.transforms = type(steps)(Step(step) for step in steps)
+        return Timed(composed, named=False)
     if getattr(transform, "transform", None) is not None and hasattr(transform, "target_transform"):
         # torchvision's StandardTransform (a VisionDataset's `transforms`): its two halves.
         joint = copy.copy(transform)
@@ -104,22 +128,36 @@ def instrument(dataset: Any) -> list[str]:
     return timed
 
 
-def _load(call: Callable[[Any], Any], argument: Any, what: str) -> Any:
-    """One call of the dataset's own code, its time outside the transforms given to `load`."""
+def load_batch(dataset: Any, indices: list[int], batched: bool) -> list[Any]:
+    """A batch's samples from a map-style dataset, through its class's `__getitems__` where it
+    has one (`batched`), else one `__getitem__` each: the time outside their transforms given
+    to the `load` stage, taken once for the batch (a thread's CPU clock is a system call, and a
+    system call costs its caller more than its own microsecond)."""
     inside = stages.spent(stages.TRANSFORM)
     start = stages.now()
-    try:
-        out = call(argument)
-    except Exception as error:  # the user's code: say which sample, with its own message
-        raise DataError(f"{what} raised {type(error).__name__}: {error}") from error
+    if batched:
+        try:
+            out = type(dataset).__getitems__(dataset, indices)
+        except Exception as error:  # the user's code: say which samples, with its own message
+            shown = ", ".join(map(str, indices[:4])) + (", ..." if len(indices) > 4 else "")
+            raise DataError(f"dataset[{shown}] raised {type(error).__name__}: {error}") from error
+    else:
+        getitem, out = type(dataset).__getitem__, []
+        for index in indices:
+            try:
+                out.append(getitem(dataset, index))
+            except Exception as error:  # the user's code: say which sample
+                raise DataError(
+                    f"dataset[{index}] raised {type(error).__name__}: {error}"
+                ) from error
     after = stages.spent(stages.TRANSFORM)
     stages.lap(stages.LOAD, start, (after[0] - inside[0], after[1] - inside[1]))
     return out
 
 
 class TimedSamples(Dataset):
-    """A map-style dataset's samples, each `__getitem__` timed (a dataset's own `__getitems__`
-    as one call)."""
+    """A map-style dataset whose samples' time is the `load` stage (outside their transforms):
+    the DataLoader asks for a batch's at once (`__getitems__`)."""
 
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
@@ -129,32 +167,22 @@ class TimedSamples(Dataset):
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> Any:
-        return _load(self.dataset.__getitem__, index, f"dataset[{index}]")
+        return load_batch(self.dataset, [index], batched=False)[0]
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
-        if self.batched:
-            return _load(self.dataset.__getitems__, indices, f"dataset[{indices[:4]}...]")
-        return [self[index] for index in indices]
+        return load_batch(self.dataset, indices, self.batched)
 
 
 class TimedGetItems:
     """A map-style dataset's `__getitems__`, set on the instance of a dataset inside a user's
     own DataLoader (which cannot be given another dataset): its fetcher asks for a batch's
-    samples through it, each `__getitem__` (or the class's `__getitems__`) timed."""
+    samples through it, timed as TimedSamples times them."""
 
     def __init__(self, dataset: Any) -> None:
         self.samples = TimedSamples(dataset)
 
     def __call__(self, indices: list[int]) -> list[Any]:
-        samples = self.samples
-        if samples.batched:
-            call = type(samples.dataset).__getitems__
-            return _load(lambda chosen: call(samples.dataset, chosen), indices, "__getitems__")
-        getitem = type(samples.dataset).__getitem__
-        return [
-            _load(lambda i: getitem(samples.dataset, i), index, f"dataset[{index}]")
-            for index in indices
-        ]
+        return self.samples.__getitems__(indices)
 
 
 def time_in_place(dataset: Any) -> bool:
@@ -207,6 +235,7 @@ class Carrier:
         self.digest = digest  # the first batch's first sample, per worker
         self._first = True
         self._memory_at = 0.0
+        self._memory_every = MEMORY_EVERY_S
 
     def __call__(self, samples: Any) -> Carried:
         start = stages.now()
@@ -219,10 +248,13 @@ class Carrier:
 
     def _memory(self, info: Any) -> int:
         now = time.monotonic()
-        if info is None or now - self._memory_at < MEMORY_EVERY_S:
+        if info is None or now - self._memory_at < self._memory_every:
             return -1
-        self._memory_at = now
-        return private_bytes()
+        found = private_bytes()
+        self._memory_at = time.monotonic()
+        cost = self._memory_at - now
+        self._memory_every = max(MEMORY_EVERY_S, cost / MEMORY_SHARE if MEMORY_SHARE else 0.0)
+        return found
 
 
 def private_bytes() -> int:

@@ -74,16 +74,11 @@ def build(spec: Any, key: str = KEY) -> Built:
     started = time.perf_counter()
     try:
         pipeline = instantiate(node, _convert_="all")
-    except InstantiationException as error:
-        cause = error.__cause__ or error
+    except Exception as error:  # noqa: BLE001 - the user's code: any error is theirs to read
+        cause = error.__cause__ or error if isinstance(error, InstantiationException) else error
         raise ConfigError(
             f"{key}._target_={target} raised {type(cause).__name__} while being built: "
-            f"{_first_line(cause)}"
-        ) from error
-    except Exception as error:  # noqa: BLE001 - the user's code: any error is theirs to read
-        raise ConfigError(
-            f"{key}._target_={target} raised {type(error).__name__} while being built: "
-            f"{_first_line(error)}"
+            f"{_first_line(cause)}{_shards_hint(cause)}"
         ) from error
     return Built(str(target), pipeline, _kind(pipeline, str(target)), time.perf_counter() - started)
 
@@ -151,6 +146,17 @@ def _as_dict(spec: Any, key: str) -> dict[str, Any]:
     if isinstance(spec, dict):
         return dict(spec)
     raise ConfigError(f"{key} must be a block with a _target_: {_FORM}")
+
+
+def _shards_hint(error: BaseException) -> str:
+    """facebench's own shards of a folder data set live in <folder>/facebench-shards unless
+    shards_dir says otherwise: an ImageFolder over that folder takes them for a class."""
+    if "facebench-shards" not in str(error):
+        return ""
+    return (
+        " (facebench-shards/ holds facebench's shards of that folder, built by a loader that "
+        "read it with data=folder: delete it, and give those runs shards_dir=/elsewhere)"
+    )
 
 
 def _first_line(error: BaseException) -> str:

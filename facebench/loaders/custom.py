@@ -92,11 +92,12 @@ def own(cfg: Any) -> Own:
             "or measure the loader alone: model=none host_only=true, or accelerator=h100"
         )
     log.info(
-        "loader=%s: %s from %s (%s samples), built in %.2f s",
+        "loader=%s: %s from %s (%s samples), built in %.2f s; its samples are not checked "
+        "(each once, labels, pixels: facebench has no records of them)",
         options.name,
         built.kind.value,
         built.target,
-        f"{length:,}" if length is not None else "its number of",
+        f"{length:,}" if length is not None else "an unknown number of",
         built.build_s,
     )
     if built.kind in (Kind.loader, Kind.batches):

@@ -57,9 +57,10 @@ def git_commit() -> str:
 
 def run_name(cfg: TrainConfig, precision: str) -> str:
     """dataset-w5-bs600-fp16; the decoder is named when it is not the loader's default
-    (dataset-fast-w5-bs600-fp16), the model when it is not the article's ResNet-50, an emulated
-    accelerator in its place (dataset-w5-bs600-h100)."""
-    decoder = _chosen_decoder(cfg)
+    (dataset-fast-w5-bs600-fp16), loader=custom's target (custom-ShopImages-w5-...), the model
+    when it is not the article's ResNet-50, an emulated accelerator in its place
+    (dataset-w5-bs600-h100)."""
+    decoder = _chosen_decoder(cfg) or _own_target(cfg)
     loader = f"{cfg.loader.name}-{decoder}" if decoder else cfg.loader.name
     name = f"{loader}-w{cfg.n_workers}-bs{cfg.batch_size}"
     if cfg.accelerator.name != "none":
@@ -68,6 +69,16 @@ def run_name(cfg: TrainConfig, precision: str) -> str:
         return f"{name}-host-only" if cfg.host_only else f"{name}-loader-only"
     name = f"{name}-{precision}"
     return name if cfg.model == "resnet50" else f"{name}-{cfg.model}"
+
+
+def _own_target(cfg: TrainConfig) -> str:
+    """loader=custom's target, by its last name (custom-shop_images-w2-...): runs of two
+    pipelines would otherwise share a name. A loader of the user's own config folder is named
+    by its file already."""
+    dataset = getattr(cfg.loader, "dataset", None)
+    if cfg.loader.name != "custom" or not dataset:
+        return ""
+    return str(dataset.get("_target_", "")).rpartition(".")[2]
 
 
 def _chosen_decoder(cfg: TrainConfig) -> str:

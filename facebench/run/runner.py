@@ -143,6 +143,8 @@ def _get_ready(cfg: TrainConfig, job: Job, results: JobResults, service: ExitSta
     results.tags["data_set"] = (
         data_label(cfg, ctx.data_root, len(ctx.records)) if own is None else own.label()
     )
+    if own is not None:  # said, never passed: facebench has no records of the user's samples
+        results.tags["samples_checked"] = "not checked (each once, labels, pixels)"
     if data.listing.labels.classes:  # folder data: which class each label index stands for
         results.classes = data.listing.labels.class_map()
     return _Ready(data, loader, ctx, via)
