@@ -53,18 +53,23 @@ def _settings(root: Path, shards: Path, n_workers: int) -> dict[str, list[str]]:
     }
 
 
-def probe_cost(n: int = 200_000) -> tuple[float, float, float]:
-    """What the probes cost per call, in microseconds: a timed transform (a Compose, timed
-    whole) around a function that does nothing, one step of it, and a timed __getitem__ of a
-    dataset that does nothing."""
+def probe_cost(n: int = 200_000, batch: int = 32) -> tuple[float, float, float]:
+    """What the probes cost, in microseconds: a timed transform (a Compose, timed whole) around a
+    function that does nothing, one step of it, and a sample of a dataset that does nothing,
+    asked for `batch` at a time (as DataLoader's fetcher asks: the load stage is timed once a
+    batch)."""
     stages.begin_epoch(True)
     costs = []
-    for probe in (Timed(_nothing, named=False), Step(_nothing), TimedSamples(list(range(n)))):
-        call = probe.__getitem__ if isinstance(probe, TimedSamples) else probe
+    for probe in (Timed(_nothing, named=False), Step(_nothing)):
         start = time.perf_counter()
         for index in range(n):
-            call(index)
+            probe(index)
         costs.append((time.perf_counter() - start) / n * 1e6)
+    samples, chunk = TimedSamples(list(range(n))), list(range(batch))
+    start = time.perf_counter()
+    for _ in range(n // batch):
+        samples.__getitems__(chunk)
+    costs.append((time.perf_counter() - start) / (n // batch * batch) * 1e6)
     stages.take()
     return costs[0], costs[1], costs[2]
 
@@ -144,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     sys.path.insert(0, str(BENCH))
     ratios, bare_us = in_one_process(root, args.rounds)
     counted = (per_transform, per_step, per_sample, memory_read_cost())
-    bench.publish("own-pipeline", _section(bench, runs, counted, (ratios, bare_us), args))
+    bench.publish("bench:own-pipeline", _section(bench, runs, counted, (ratios, bare_us), args))
 
 
 def _median(values: list[float]) -> float:
@@ -196,7 +201,8 @@ def _section(bench: Bench, runs, counted, one_process, args) -> str:
         "over bare per round: "
         f"{', '.join(f'{r:.3f}' for r in process_ratios)} (median "
         f"{_median(process_ratios):.3f}; bare {bare_us:,.0f} us a sample). Counted: "
-        f"{per_sample:.2f} us for a timed `__getitem__`, {per_transform:.2f} us for a timed "
+        f"{per_sample:.2f} us a sample for the load stage's timing (once a batch of 32), "
+        f"{per_transform:.2f} us for a timed "
         f"Compose and {per_step:.2f} us for each of its {steps} steps: {counted:.1f} us of a "
         f"sample's {worker_us:,.0f} us "
         f"of worker CPU ({counted / worker_us:.1%}); a worker's private-memory read "

@@ -131,3 +131,7 @@ def broken(root: str = "/nowhere") -> Dataset:
 
 def no_tensors(n: int = 16) -> list[list[str]]:
     return [["a", "b"] for _ in range(n)]
+
+
+def bad_collate(samples: list) -> dict:
+    raise KeyError("pixels")

@@ -297,3 +297,41 @@ def test_advise_measures_a_users_pipeline_and_the_remedies_on_its_images(make_cf
     assert "Inside custom" in advice.markdown()
     # facebench's shards of the user's folder are kept away from it: not a class to ImageFolder.
     assert not (root / "facebench-shards").exists()
+
+
+def test_a_collate_that_raises_is_one_line(make_cfg, tmp_path):
+    with pytest.raises(DataError, match="collate_fn raised KeyError: 'pixels'"):
+        _run(
+            make_cfg,
+            tmp_path,
+            f"loader.dataset._target_={OWN}.Squares",
+            f"+loader.collate_fn._target_={OWN}.bad_collate",
+        )
+
+
+@pytest.mark.slow
+def test_a_sample_failing_in_a_worker_of_the_users_dataloader_is_one_line(tmp_path, isolated_env):
+    isolated_env["PYTHONPATH"] = str(PROJECT_ROOT)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(PROJECT_ROOT / "train.py"),
+            "loader=custom",
+            f"loader.dataset._target_={OWN}.whole_loader",
+            "+loader.dataset.n=17",
+            "loader.batch_size_from=pixels",
+            "model=none",
+            "host_only=true",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=tmp_path,
+        env=isolated_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out[-3000:]
+    assert "dataset[13] raised ValueError: no such square" in out
+    assert "Traceback" not in out
+    assert '"status": "FAILED"' in (tmp_path / "run" / "results.json").read_text()

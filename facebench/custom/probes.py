@@ -239,7 +239,10 @@ class Carrier:
 
     def __call__(self, samples: Any) -> Carried:
         start = stages.now()
-        batch = self.collate(samples)
+        try:
+            batch = self.collate(samples)
+        except Exception as error:  # the user's collate: its own message, in one line
+            raise DataError(f"collate_fn raised {type(error).__name__}: {error}") from error
         stages.lap(stages.COLLATE, start)
         info = get_worker_info()
         digest = _digest(batch) if self.digest and self._first else ""

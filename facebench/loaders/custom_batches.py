@@ -10,7 +10,7 @@ import torch
 
 from facebench.custom.checks import Observed
 from facebench.custom.probes import Carried, first_tensor
-from facebench.errors import ConfigError, DataError
+from facebench.errors import ConfigError, DataError, FacebenchError
 from facebench.loaders.shared import Batch
 
 _LABEL_KEYS = ("label", "labels", "target", "targets", "y")
@@ -29,13 +29,14 @@ class Unwrapped:
         self.for_model = for_model
 
     def __iter__(self) -> Iterator[Batch]:
-        for item in self.pipeline:
+        name = self.observed.name
+        for item in _one_line_errors(self.pipeline, name):
             if isinstance(item, Carried):
-                batch = to_batch(item.batch, self.key, self.for_model)
+                batch = to_batch(item.batch, self.key, self.for_model, name)
                 self.observed.add(len(batch.labels), item)
                 yield batch._replace(stages=item.stages)
             else:
-                batch = to_batch(item, self.key, self.for_model)
+                batch = to_batch(item, self.key, self.for_model, name)
                 self.observed.add(len(batch.labels), None)
                 yield batch
 
@@ -43,7 +44,23 @@ class Unwrapped:
         return self.observed.conclude()
 
 
-def to_batch(batch: Any, key: str = "", for_model: bool = False) -> Batch:
+def _one_line_errors(pipeline: Iterable[Any], name: str) -> Iterator[Any]:
+    """The pipeline's items; an error its code raised in a DataLoader worker (which torch
+    passes on with the worker's traceback in its message) as one line with its own message.
+    facebench's own errors, and a worker's death (said by the epoch loop), pass as they are."""
+    try:
+        yield from pipeline
+    except FacebenchError:
+        raise
+    except Exception as error:
+        text = str(error)
+        if "Original Traceback" not in text:
+            raise
+        last = text.strip().splitlines()[-1]
+        raise DataError(f"loader={name}: a worker raised {last}") from error
+
+
+def to_batch(batch: Any, key: str = "", for_model: bool = False, name: str = "custom") -> Batch:
     """A user's batch as a Batch: its images the tensor it is counted by, its labels the first
     one-dimensional integer tensor of as many after it (a dict's label key), else zeros that
     nothing reads; no ids (facebench has no records of the user's samples)."""
@@ -51,14 +68,14 @@ def to_batch(batch: Any, key: str = "", for_model: bool = False) -> Batch:
     if images is None or images.dim() == 0:
         where = f"loader.batch_size_from={key} names" if key else "it holds"
         raise DataError(
-            f"loader=custom: a batch is a {_shape(batch)} and {where} no tensor to count its "
+            f"loader={name}: a batch is a {_shape(batch)} and {where} no tensor to count its "
             "samples by; name the one to count with loader.batch_size_from=<dict key or "
             "tuple index>"
         )
     n = len(images)
     labels = _labels(batch, images, n)
     if for_model:
-        _check_for_model(images, labels)
+        _check_for_model(images, labels, name)
     return Batch(images, labels if labels is not None else torch.zeros(n, dtype=torch.int64), None)
 
 
@@ -81,17 +98,17 @@ def _labels(batch: Any, images: torch.Tensor, n: int) -> torch.Tensor | None:
     return None
 
 
-def _check_for_model(images: torch.Tensor, labels: torch.Tensor | None) -> None:
+def _check_for_model(images: torch.Tensor, labels: torch.Tensor | None, name: str) -> None:
     shape = "x".join(str(side) for side in images.shape)
     if images.dim() != 4 or images.shape[1] != 3 or not images.is_floating_point():
         raise ConfigError(
-            f"loader=custom with a model: the model takes float (N, 3, H, W) images, and the "
+            f"loader={name} with a model: the model takes float (N, 3, H, W) images, and the "
             f"batches hold {images.dtype} {shape}; measure the loader alone with model=none "
             "host_only=true, or an emulated accelerator (accelerator=h100)"
         )
     if labels is None:
         raise ConfigError(
-            "loader=custom with a model: the batches hold no (N,) integer labels beside the "
+            f"loader={name} with a model: the batches hold no (N,) integer labels beside the "
             f"{shape} images; measure the loader alone with model=none host_only=true, or an "
             "emulated accelerator (accelerator=h100)"
         )
