@@ -98,8 +98,8 @@ def _key(folder: Path) -> str:
 
 def inside(mine: Measured, ceiling: float) -> list[str]:
     """Where the pipeline's workers spend their time, at its best worker count; and the rate a
-    transform moved to the device would free, where its workers' CPU is what holds it (an
-    estimate: the share of their CPU time that transform takes)."""
+    transform moved to the device would give, where it falls short (an estimate: the share of
+    the workers' stage time that transform takes, freed)."""
     if not mine.rates:
         return []
     workers, rate = mine.best()
@@ -123,7 +123,7 @@ def inside(mine: Measured, ceiling: float) -> list[str]:
         freed = rate / max(1e-9, 1 - share)
         lines.append(
             f"Moving {name} to the device (a GPU transform on the batch) would free about "
-            f"{share:.0%} of the workers' CPU: about {freed:,.0f} images/s with "
+            f"{share:.0%} of the workers' time: about {freed:,.0f} images/s with "
             f"{workers} workers, against {ceiling:,.0f} needed (an estimate, not measured)."
         )
     return lines
