@@ -29,7 +29,8 @@ import torch
 from common import Bench, parser, run_python, run_train
 
 from facebench import stages
-from facebench.custom.probes import Step, Timed, TimedSamples, instrument, private_bytes
+from facebench.custom.carrier import private_bytes
+from facebench.custom.probes import Step, Timed, TimedSamples, instrument
 from facebench.host.paths import PROJECT_ROOT, cache_dir
 from facebench.report.tables import markdown
 

@@ -4,6 +4,7 @@ tests.own_pipelines.<name>."""
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,11 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 from torchvision import datasets
-from torchvision.transforms import v2
+
+from facebench.host.paths import PROJECT_ROOT
+
+sys.path.append(str(PROJECT_ROOT / "bench"))  # the documented example, as a user's own module
+from shopdata import shop_images  # noqa: E402
 
 
 def write_folder(root: Path, classes: int = 2, per_class: int = 24, side: int = 48) -> Path:
@@ -26,22 +31,10 @@ def write_folder(root: Path, classes: int = 2, per_class: int = 24, side: int = 
     return root
 
 
-def augmentations(crop: int = 32) -> v2.Compose:
-    """A typical training stack, torchvision's v2."""
-    return v2.Compose(
-        [
-            v2.PILToTensor(),
-            v2.RandomResizedCrop(crop, antialias=True),
-            v2.RandomHorizontalFlip(),
-            v2.ColorJitter(0.4, 0.4, 0.4),
-            v2.ToDtype(torch.float32, scale=True),
-            v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
-        ]
-    )
-
-
 def image_folder(root: str, crop: int = 32) -> datasets.ImageFolder:
-    return datasets.ImageFolder(root, transform=augmentations(crop))
+    """docs/own-pipeline.md's example (bench/shopdata.py): an ImageFolder with a typical v2
+    augmentation stack, smaller crops for the suite."""
+    return shop_images(root, crop)
 
 
 class Numbers(IterableDataset):

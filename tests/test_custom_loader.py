@@ -19,7 +19,7 @@ from facebench.errors import ConfigError, DataError
 from facebench.host.paths import PROJECT_ROOT
 from facebench.run.guesses import own_pipeline_guess
 from facebench.run.runner import run_training
-from tests.own_pipelines import augmentations, write_folder
+from tests.own_pipelines import image_folder, write_folder
 
 OWN = "tests.own_pipelines"
 
@@ -28,6 +28,19 @@ def _run(make_cfg, tmp_path: Path, *overrides: str) -> dict[str, float]:
     host_only = [] if any(o.startswith("model=") for o in overrides) else ["host_only=true"]
     cfg = make_cfg("loader=custom", *host_only, *overrides)
     return run_training(cfg, output_dir=tmp_path)
+
+
+def _train_py(folder: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    """train.py, loader only, launched from `folder` with the suite's pipelines importable."""
+    env["PYTHONPATH"] = str(PROJECT_ROOT)
+    command = [
+        sys.executable,
+        str(PROJECT_ROOT / "train.py"),
+        *args,
+        "model=none",
+        "host_only=true",
+    ]
+    return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_an_image_folder_with_v2_augmentations_is_timed_transform_by_transform(make_cfg, tmp_path):
@@ -50,8 +63,8 @@ def test_an_image_folder_with_v2_augmentations_is_timed_transform_by_transform(m
     assert metrics["stage_read_us"] == metrics["stage_decode_us"] == 0
 
 
-def test_the_users_compose_is_left_as_it_was():
-    stack = augmentations()
+def test_the_users_compose_is_left_as_it_was(tmp_path):
+    stack = image_folder(str(write_folder(tmp_path / "images"))).transform
     before = list(stack.transforms)
     timed = timed_transform(stack)
     assert stack.transforms == before and timed.transform.transforms != before
@@ -101,10 +114,10 @@ def test_a_hugging_face_dataset_with_set_transform(make_cfg, tmp_path):
 
 
 def test_a_workers_growing_memory_is_warned(make_cfg, tmp_path, caplog, monkeypatch):
-    from facebench.custom import probes
+    from facebench.custom import carrier
 
-    monkeypatch.setattr(probes, "MEMORY_EVERY_S", 0.0)  # every batch: the epoch is short
-    monkeypatch.setattr(probes, "MEMORY_SHARE", 0.0)
+    monkeypatch.setattr(carrier, "MEMORY_EVERY_S", 0.0)  # every batch: the epoch is short
+    monkeypatch.setattr(carrier, "MEMORY_SHARE", 0.0)
     with caplog.at_level(logging.WARNING):
         metrics = _run(make_cfg, tmp_path, f"loader.dataset._target_={OWN}.Hoarder", "n_workers=1")
     assert metrics["worker_private_growth_mb"] >= 64
@@ -192,27 +205,17 @@ def test_a_users_loader_from_their_config_folder_sweeps_beside_built_in_ones(
     (conf / "shop.yaml").write_text(
         f"defaults:\n  - custom\n\ndataset:\n  _target_: {OWN}.Squares\n  n: 32\n"
     )
-    isolated_env["PYTHONPATH"] = str(PROJECT_ROOT)
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(PROJECT_ROOT / "train.py"),
-            "-m",
-            f"hydra.searchpath=[file://{tmp_path / 'myconf'}]",
-            "loader=shop,raw",
-            "n_workers=1",
-            "model=none",
-            "host_only=true",
-            "batch_size=8",
-            "data.n_images=64",
-            f"data.cache_dir={cache}",
-            f"hydra.sweep.dir={tmp_path / 'sweep'}",
-        ],
-        cwd=tmp_path,
-        env=isolated_env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = _train_py(
+        tmp_path,
+        isolated_env,
+        "-m",
+        f"hydra.searchpath=[file://{tmp_path / 'myconf'}]",
+        "loader=shop,raw",
+        "n_workers=1",
+        "batch_size=8",
+        "data.n_images=64",
+        f"data.cache_dir={cache}",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
     )
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout + done.stderr
@@ -311,24 +314,14 @@ def test_a_collate_that_raises_is_one_line(make_cfg, tmp_path):
 
 @pytest.mark.slow
 def test_a_sample_failing_in_a_worker_of_the_users_dataloader_is_one_line(tmp_path, isolated_env):
-    isolated_env["PYTHONPATH"] = str(PROJECT_ROOT)
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(PROJECT_ROOT / "train.py"),
-            "loader=custom",
-            f"loader.dataset._target_={OWN}.whole_loader",
-            "+loader.dataset.n=17",
-            "loader.batch_size_from=pixels",
-            "model=none",
-            "host_only=true",
-            f"hydra.run.dir={tmp_path / 'run'}",
-        ],
-        cwd=tmp_path,
-        env=isolated_env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = _train_py(
+        tmp_path,
+        isolated_env,
+        "loader=custom",
+        f"loader.dataset._target_={OWN}.whole_loader",
+        "+loader.dataset.n=17",
+        "loader.batch_size_from=pixels",
+        f"hydra.run.dir={tmp_path / 'run'}",
     )
     out = done.stdout + done.stderr
     assert done.returncode == 1, out[-3000:]

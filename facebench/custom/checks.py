@@ -10,7 +10,7 @@ import logging
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from facebench.custom.probes import Carried
+from facebench.custom.carrier import Carried
 
 log = logging.getLogger(__name__)
 

@@ -20,14 +20,9 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from facebench.config import LoaderConfig, Workers
 from facebench.custom import target
+from facebench.custom.carrier import Carrier
 from facebench.custom.checks import Observed
-from facebench.custom.probes import (
-    Carrier,
-    TimedSamples,
-    TimedStream,
-    instrument,
-    time_in_place,
-)
+from facebench.custom.probes import TimedSamples, TimedStream, instrument, time_in_place
 from facebench.custom.target import Built, Kind
 from facebench.data.job_data import JobData
 from facebench.data.listing import Listing, Usable

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
+from facebench.custom.carrier import Carried, first_tensor
 from facebench.custom.checks import Observed
-from facebench.custom.probes import Carried, first_tensor
 from facebench.errors import ConfigError, DataError, FacebenchError
 from facebench.loaders.shared import Batch
 
