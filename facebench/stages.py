@@ -148,16 +148,17 @@ def lap(stage: int, since: Mark, less: Mark = _OFF) -> Mark:
     return t
 
 
-def part(name: str, since_ns: int) -> int:
-    """Add the wall-clock time since `since_ns` (a `time.perf_counter_ns()` reading) to the
-    part `name` (a step of a custom loader's Compose, by class name), which travels with the
-    batch as the stages do; its stage's time is taken around the whole (only the wall clock
-    here: the steps are many, and a thread's CPU clock costs a system call)."""
-    now_ns = time.perf_counter_ns()
+def part(name: str, since_ns: int, until_ns: int = 0) -> int:
+    """Add the wall-clock time from `since_ns` to `until_ns` (`time.perf_counter_ns()`
+    readings; 0: now) to the part `name` (a step of a custom loader's Compose, by class name),
+    which travels with the batch as the stages do; its stage's time is taken around the whole
+    (only the wall clock here: the steps are many, and a thread's CPU clock costs a system
+    call). The moment it ends."""
+    end_ns = until_ns or time.perf_counter_ns()
     if _enabled:
         parts = _tally().parts
-        parts[name] = parts.get(name, 0) + now_ns - since_ns
-    return now_ns
+        parts[name] = parts.get(name, 0) + end_ns - since_ns
+    return end_ns
 
 
 def spent(stage: int) -> Mark:

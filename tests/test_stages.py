@@ -288,3 +288,23 @@ def test_the_report_shows_each_loaders_stages_with_the_costliest_in_bold(tmp_pat
     assert "| dali |" not in text.split("Where each image's time went")[1]
     chart({(("model", "none"),): table}, tmp_path / "report.png", with_article=True)
     assert (tmp_path / "report.png").stat().st_size > 10_000
+
+
+def test_the_report_shows_a_custom_loaders_load_stage_and_transforms_by_name(tmp_path):
+    from facebench.report.chart import chart
+    from facebench.report.markdown import render
+    from facebench.report.sweep_table import Cell
+
+    own = {"load": 650.0, "transform": 1400.0, "collate": 120.0}
+    table = {
+        2: {
+            "custom": Cell(7.0, 870.0, 1, own, parts=[("ColorJitter", 0.27), ("Flip", 0.03)]),
+            "raw": Cell(0.5, 20000.0, 1, {"read": 30.0, "collate": 2.0}),
+        }
+    }
+    text = render((("model", "none"),), table)
+    assert "| loader | n workers | read | decode | load | transform | collate | waited |" in text
+    assert "| custom | 2 | 0 | 0 | 650 | **1,400** | 120 | - |" in text
+    assert "- custom, 2 workers: ColorJitter 27%, Flip 3%" in text
+    chart({(("model", "none"),): table}, tmp_path / "report.png", with_article=False)
+    assert (tmp_path / "report.png").stat().st_size > 10_000

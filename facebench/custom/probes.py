@@ -39,9 +39,9 @@ class Timed:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         start = stages.now()
         out = self.transform(*args, **kwargs)
-        stages.lap(stages.TRANSFORM, start)
-        if self.name:
-            stages.part(self.name, start[0])
+        end = stages.lap(stages.TRANSFORM, start)
+        if self.name:  # the same span as the stage's
+            stages.part(self.name, start[0], end[0])
         return out
 
     def __repr__(self) -> str:

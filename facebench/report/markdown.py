@@ -109,11 +109,24 @@ def _render_stages(table: Table) -> str:
         ]
         waited = f"{cell.waited_us:,.0f}" if cell.waited_us is not None else "-"
         rows.append([loader, str(workers), *values, waited])
+    named = [
+        f"- {loader}, {workers} workers: "
+        + ", ".join(f"{name} {share:.0%}" for name, share in cell.parts)
+        for loader, workers, cell in found
+        if cell.parts
+    ]
+    inside = (
+        "\n\nInside custom loaders, each transform's share of the stages' time:\n\n"
+        + "\n".join(named)
+        if named
+        else ""
+    )
     return (
         "\nWhere each image's time went: the workers' CPU time per image in each stage, in "
         "microseconds summed over the workers (each run's last epoch; the costliest stage in "
         "bold), and the time they waited inside the stages for a core or storage:\n\n"
         + markdown(["loader", "n workers", *columns, "waited"], rows)
+        + inside
     )
 
 

@@ -12,7 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from facebench.errors import FacebenchError
-from facebench.stages import WORKER_STAGES
+from facebench.stages import WORKER_STAGES, parts
 
 # The article's table: one epoch of 922,599 images, batch 600, RTX 2080 Ti, i9-9900K.
 ARTICLE_SECONDS = {
@@ -60,6 +60,8 @@ class Cell:
     au: float | None = None
     # One epoch's bill in dollars (facebench/costs.py), where every price was known.
     epoch_usd: float | None = None
+    # A custom loader's transforms by name, each one's share of the stages' time, costliest first.
+    parts: list[tuple[str, float]] = field(default_factory=list)
 
 
 Table = dict[int, dict[str, Cell]]  # n_workers -> loader column -> cell
@@ -106,6 +108,7 @@ def tables(runs) -> dict[Settings, Table]:
             shard_size_used=_shard_size_used(run.data.metrics),
             au=run.data.metrics.get("au"),
             epoch_usd=run.data.metrics.get("cost_epoch_usd"),
+            parts=parts(run.data.metrics),
         )
         column = _column(params, varying.get(params["loader"], ()))
         row = grouped[key][int(params["n_workers"])]
