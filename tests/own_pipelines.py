@@ -128,3 +128,19 @@ def no_tensors(n: int = 16) -> list[list[str]]:
 
 def bad_collate(samples: list) -> dict:
     raise KeyError("pixels")
+
+
+class Stacker:
+    """A collator class, built once with its settings."""
+
+    def __init__(self, scale: float = 1.0) -> None:
+        self.scale = scale
+
+    def __call__(self, samples: list[tuple[torch.Tensor, int]]) -> dict[str, torch.Tensor]:
+        batch = dict_collate(samples)
+        return {**batch, "pixels": batch["pixels"] * self.scale}
+
+
+def scaled_collate(samples: list[tuple[torch.Tensor, int]], scale: float = 1.0) -> dict:
+    batch = dict_collate(samples)
+    return {**batch, "pixels": batch["pixels"] * scale}

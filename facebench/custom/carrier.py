@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import torch
@@ -101,8 +101,8 @@ def first_tensor(batch: Any, key: str = "") -> torch.Tensor | None:
         return found if isinstance(found, torch.Tensor) else None
     if isinstance(batch, torch.Tensor):
         return batch
-    values = batch.values() if isinstance(batch, dict) else batch
-    if isinstance(values, list | tuple) or isinstance(batch, dict):
+    values = batch.values() if isinstance(batch, Mapping) else batch
+    if isinstance(values, list | tuple) or isinstance(batch, Mapping):
         for value in values:
             if isinstance(value, torch.Tensor):
                 return value

@@ -47,6 +47,19 @@ class Timed:
     def __repr__(self) -> str:
         return repr(self.transform)
 
+    def __getattr__(self, name: str) -> Any:
+        return _forwarded(self, name)
+
+
+def _forwarded(probe: Any, name: str) -> Any:
+    """An attribute a probe lacks, from the transform it wraps (code that reads a Compose's
+    `transforms`, or seeds each transform's own random state, still finds them); none while the
+    probe is being unpickled, before it holds its transform."""
+    wrapped = probe.__dict__.get("transform")
+    if wrapped is None:
+        raise AttributeError(name)
+    return getattr(wrapped, name)
+
 
 class Step:
     """One step of a Compose whose whole is Timed: its wall time given to a part of its name."""
@@ -63,6 +76,9 @@ class Step:
 
     def __repr__(self) -> str:
         return repr(self.transform)
+
+    def __getattr__(self, name: str) -> Any:
+        return _forwarded(self, name)
 
 
 def timed_transform(transform: Any) -> Any:

@@ -7,6 +7,7 @@ import importlib
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -72,15 +73,40 @@ def build(spec: Any, key: str = KEY) -> Built:
             "name the class or function that builds your data"
         )
     started = time.perf_counter()
+    pipeline = _instantiate(node, key)
+    return Built(str(target), pipeline, _kind(pipeline, str(target)), time.perf_counter() - started)
+
+
+def collate_fn(spec: Any, key: str = "loader.collate_fn") -> Callable[[Any], Any] | None:
+    """The user's collate function from its block: a function named alone, as it is; with other
+    keys, a partial of it; a class, its instance (built with the keys). None: torch's."""
+    node = _as_dict(spec, key) if spec is not None else {}
+    target = node.get("_target_")
+    if not target:
+        return None
+    found = find(str(target), f"{key}._target_")
+    if isinstance(found, type):  # a collator class: its instance collates
+        collate = _instantiate(node, key)
+    elif len(node) == 1:
+        collate = found
+    else:
+        collate = _instantiate({**node, "_partial_": True}, key)
+    if not callable(collate):
+        raise ConfigError(f"{key}._target_={target} gave a {type(collate).__name__}, not callable")
+    return collate
+
+
+def _instantiate(node: dict[str, Any], key: str) -> Any:
+    """Hydra's instantiate; an error the user's code raised, in one line naming the key."""
+    target = node.get("_target_")
     try:
-        pipeline = instantiate(node, _convert_="all")
+        return instantiate(node, _convert_="all")
     except Exception as error:  # noqa: BLE001 - the user's code: any error is theirs to read
         cause = error.__cause__ or error if isinstance(error, InstantiationException) else error
         raise ConfigError(
             f"{key}._target_={target} raised {type(cause).__name__} while being built: "
             f"{_first_line(cause)}{_shards_hint(cause)}"
         ) from error
-    return Built(str(target), pipeline, _kind(pipeline, str(target)), time.perf_counter() - started)
 
 
 def find(target: str, key: str) -> Any:

@@ -10,12 +10,12 @@ iterable of batches is used as it is, and the run says which of those keys it co
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader, DistributedSampler
 
 from facebench.config import LoaderConfig, Workers
@@ -42,8 +42,8 @@ class Options(LoaderConfig):
     # Your Dataset, IterableDataset or DataLoader: `_target_` (a class or a function, in the
     # launch directory or on PYTHONPATH) and its arguments.
     dataset: Any = field(default_factory=lambda: {"_target_": "???"})
-    # Your collate function (`_target_`), for a Dataset or IterableDataset; None: torch's.
-    collate_fn: Any = None
+    # Your collate function (`_target_`), for a Dataset or IterableDataset; null: torch's.
+    collate_fn: Any = field(default_factory=lambda: {"_target_": None})
     # The dict key or tuple index of the tensor a batch is counted by; "": the first tensor.
     batch_size_from: str = ""
     # A map-style Dataset's order: reshuffled each epoch (DataLoader(shuffle=True)), or as is.
@@ -76,7 +76,7 @@ def own(cfg: Any) -> Own:
     """Build the user's pipeline from cfg.loader (a TrainConfig's), and check it fits the run."""
     options = cfg.loader
     built = target.build(options.dataset)
-    collate = _collate(options.collate_fn)
+    collate = target.collate_fn(options.collate_fn)
     trains = cfg.model != "none" and not cfg.host_only and cfg.accelerator.name == "none"
     mine = Own(built, options.name, collate, str(options.batch_size_from), trains)
     length = built.length()
@@ -97,6 +97,14 @@ def own(cfg: Any) -> Own:
     )
     if built.kind in (Kind.loader, Kind.batches):
         _say_unapplied(cfg, built)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and built.kind != Kind.map:
+        log.warning(
+            "loader=%s: %s gives a %s, which facebench cannot split between the job's ranks: "
+            "every rank reads all of it unless it splits itself by rank",
+            options.name,
+            built.target,
+            built.kind.value,
+        )
     elif built.kind == Kind.map and length is None:
         raise ConfigError(
             f"loader.dataset._target_={built.target}: its Dataset has no __len__, which a "
@@ -108,17 +116,6 @@ def own(cfg: Any) -> Own:
             f"{built.target}; with drop_last no batch would be delivered. Use a smaller batch_size"
         )
     return mine
-
-
-def _collate(spec: Any) -> Callable[[Any], Any] | None:
-    if spec is None:
-        return None
-    node = OmegaConf.to_container(spec) if isinstance(spec, DictConfig) else spec
-    if not isinstance(node, dict) or "_target_" not in node:
-        raise ConfigError("loader.collate_fn: a block with a _target_ (collate_fn._target_=m.f)")
-    if len(node) == 1:  # a function, named: used as it is, not called
-        return target.find(str(node["_target_"]), "loader.collate_fn._target_")
-    return target.build({**node, "_partial_": True}, "loader.collate_fn").pipeline
 
 
 def _say_unapplied(cfg: Any, built: Built) -> None:
@@ -135,13 +132,15 @@ def _say_unapplied(cfg: Any, built: Built) -> None:
     loader: DataLoader = built.pipeline
     theirs = {
         "n_workers": (cfg.n_workers, loader.num_workers),
-        "batch_size": (cfg.batch_size, loader.batch_size),
+        "batch_size": (cfg.batch_size, _batch_size(loader)),
         "loader.prefetch_factor": (
             cfg.loader.prefetch_factor,
             loader.prefetch_factor if loader.num_workers else cfg.loader.prefetch_factor,
         ),
     }
     differ = [f"{key}={mine} (it has {its})" for key, (mine, its) in theirs.items() if mine != its]
+    own_keys = cfg.loader.collate_fn and cfg.loader.collate_fn.get("_target_")
+    differ += ["loader.collate_fn (it has its own)"] if own_keys else []
     if differ:
         log.warning(
             "loader=%s: %s gave a DataLoader, used as it is: its own settings are measured, "
@@ -150,6 +149,12 @@ def _say_unapplied(cfg: Any, built: Built) -> None:
             built.target,
             ", ".join(differ),
         )
+
+
+def _batch_size(loader: DataLoader) -> int | str:
+    if loader.batch_size is not None:
+        return loader.batch_size
+    return getattr(loader.batch_sampler, "batch_size", None) or "its own batches"
 
 
 def build(ctx: LoaderContext) -> Iterable[Batch]:
@@ -162,7 +167,7 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
     if built.kind == Kind.loader:
         loader = built.pipeline
         observed.n_workers = loader.num_workers
-        if loader.batch_size is not None:  # its fetcher asks for a batch's samples at once
+        if loader.batch_sampler is not None:  # its fetcher asks for a batch's samples at once
             time_in_place(built.dataset)
         if not isinstance(loader.collate_fn, Carrier):  # the same DataLoader every epoch
             loader.collate_fn = Carrier(loader.collate_fn, digest=observed.iterable)

@@ -3,7 +3,7 @@ its producer's stage times unpacked, and what it carried for the pipeline's chec
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -80,7 +80,7 @@ def to_batch(batch: Any, key: str = "", for_model: bool = False, name: str = "cu
 
 
 def _labels(batch: Any, images: torch.Tensor, n: int) -> torch.Tensor | None:
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):  # a dict, or a UserDict (Hugging Face's BatchEncoding)
         candidates = [batch[key] for key in _LABEL_KEYS if key in batch]
     elif isinstance(batch, list | tuple):
         candidates = list(batch)
@@ -115,8 +115,8 @@ def _check_for_model(images: torch.Tensor, labels: torch.Tensor | None, name: st
 
 
 def _shape(batch: Any) -> str:
-    if isinstance(batch, dict):
-        return f"dict with keys {', '.join(map(str, batch))}"
+    if isinstance(batch, Mapping):
+        return f"{type(batch).__name__} with keys {', '.join(map(str, batch))}"
     if isinstance(batch, list | tuple):
         return f"{type(batch).__name__} of {', '.join(type(item).__name__ for item in batch)}"
     return type(batch).__name__

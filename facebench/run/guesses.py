@@ -4,7 +4,6 @@ with one line showing the `loader=custom` form that does it (docs/own-pipeline.m
 from __future__ import annotations
 
 import os
-import sys
 
 FORM = "loader=custom loader.dataset._target_={target}"
 _GROUPS = ("loader", "data")
@@ -41,10 +40,11 @@ def own_pipeline_guess(args: list[str], loader_names: list[str]) -> str | None:
 
 
 def _importable(name: str) -> bool:
-    """Whether a module of that name is in the launch directory or on the path (its file
-    looked for, not run)."""
-    return name in sys.modules or any(
+    """Whether a module of that name is the user's: in the launch directory or on PYTHONPATH (its
+    file looked for, not run). An installed package (`datasets`, `ray`) is no guess at one."""
+    folders = [os.getcwd(), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return any(
         os.path.isfile(os.path.join(folder, f"{name}.py"))
         or os.path.isfile(os.path.join(folder, name, "__init__.py"))
-        for folder in (os.getcwd(), *(entry or os.getcwd() for entry in sys.path))
+        for folder in folders
     )
