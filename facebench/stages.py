@@ -48,7 +48,6 @@ from facebench.stage_metrics import (
     dominant,
     dominant_label,
     parts,
-    shown_stages,
 )
 
 __all__ = [
@@ -74,7 +73,6 @@ __all__ = [
     "now",
     "parts",
     "set_timing",
-    "shown_stages",
     "spent",
     "take",
     "take_fetches",

@@ -104,11 +104,9 @@ def timed_transform(transform: Any) -> Any:
 _TRANSFORM_ATTRIBUTES = ("transform", "target_transform", "transforms")
 
 
-def instrument(dataset: Any) -> list[str]:
+def instrument(dataset: Any) -> None:
     """Time the transforms a dataset keeps by torchvision's convention (`transform`,
-    `target_transform`, `transforms`) or a Hugging Face Dataset's `set_transform`, in place;
-    the attributes timed."""
-    timed = []
+    `target_transform`, `transforms`) or a Hugging Face Dataset's `set_transform`, in place."""
     for attribute in _TRANSFORM_ATTRIBUTES:
         value = getattr(dataset, attribute, None)
         if callable(value) and not isinstance(value, Timed):
@@ -116,12 +114,9 @@ def instrument(dataset: Any) -> list[str]:
                 setattr(dataset, attribute, timed_transform(value))
             except (AttributeError, TypeError):  # a read-only property: left untimed
                 continue
-            timed.append(attribute)
     kwargs = getattr(dataset, "_format_kwargs", None)  # datasets.Dataset.set_transform's
     if isinstance(kwargs, dict) and callable(kwargs.get("transform")):
         kwargs["transform"] = timed_transform(kwargs["transform"])
-        timed.append("set_transform")
-    return timed
 
 
 def load_batch(dataset: Any, indices: list[int], batched: bool) -> list[Any]:
@@ -129,8 +124,7 @@ def load_batch(dataset: Any, indices: list[int], batched: bool) -> list[Any]:
     has one (`batched`), else one `__getitem__` each: the time outside their transforms given
     to the `load` stage, taken once for the batch (a thread's CPU clock is a system call, and a
     system call costs its caller more than its own microsecond)."""
-    inside = stages.spent(stages.TRANSFORM)
-    start = stages.now()
+    inside, start = stages.spent(stages.TRANSFORM), stages.now()
     if batched:
         try:
             out = type(dataset).__getitems__(dataset, indices)
@@ -146,9 +140,15 @@ def load_batch(dataset: Any, indices: list[int], batched: bool) -> list[Any]:
                 raise DataError(
                     f"dataset[{index}] raised {type(error).__name__}: {error}"
                 ) from error
+    _lap_load(start, inside)
+    return out
+
+
+def _lap_load(start: stages.Mark, inside: stages.Mark) -> None:
+    """The time since `start` to the load stage, less what the transforms took meanwhile
+    (`inside`: their stage's time as it began), which is theirs."""
     after = stages.spent(stages.TRANSFORM)
     stages.lap(stages.LOAD, start, (after[0] - inside[0], after[1] - inside[1]))
-    return out
 
 
 class TimedSamples(Dataset):
@@ -181,18 +181,17 @@ class TimedGetItems:
         return self.samples.__getitems__(indices)
 
 
-def time_in_place(dataset: Any) -> bool:
-    """Time the samples of a map-style dataset that a user's DataLoader holds; False where it
-    cannot be (an IterableDataset, whose iterator is the class's own; a read-only object)."""
+def time_in_place(dataset: Any) -> None:
+    """Time the samples of a map-style dataset that a user's DataLoader holds, where it can be
+    (not an IterableDataset, whose iterator is the class's own; not a read-only object)."""
     if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
-        return False
+        return
     if isinstance(getattr(dataset, "__dict__", {}).get("__getitems__"), TimedGetItems):
-        return True  # the same dataset, another epoch
+        return  # the same dataset, another epoch
     try:
         dataset.__getitems__ = TimedGetItems(dataset)
     except (AttributeError, TypeError):
-        return False
-    return True
+        return
 
 
 class TimedStream(IterableDataset):
@@ -205,8 +204,7 @@ class TimedStream(IterableDataset):
         samples = iter(self.dataset)
         position = 0
         while True:
-            inside = stages.spent(stages.TRANSFORM)
-            start = stages.now()
+            inside, start = stages.spent(stages.TRANSFORM), stages.now()
             try:
                 sample = next(samples)
             except StopIteration:
@@ -216,7 +214,6 @@ class TimedStream(IterableDataset):
                     f"sample {position} of the IterableDataset raised {type(error).__name__}: "
                     f"{error}"
                 ) from error
-            after = stages.spent(stages.TRANSFORM)
-            stages.lap(stages.LOAD, start, (after[0] - inside[0], after[1] - inside[1]))
+            _lap_load(start, inside)
             yield sample
             position += 1
