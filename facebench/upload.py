@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from facebench.errors import FacebenchError
-from facebench.results import RESULTS, TRACKING_LOGGED, JobResults, now_ms
+from facebench.results import RESULTS, TRACKING_LOGGED, JobResults
 from facebench.tracking import mlflow_views as views
 from facebench.tracking import run_owner
+from facebench.tracking.replay import replay
 from facebench.tracking.store import (
     ALL_RUNS_VIEW,
     EXPERIMENT,
@@ -40,13 +41,11 @@ from facebench.tracking.store import (
     ui_address,
     ui_command,
 )
-from facebench.tracking.tracker import failure_reason, param_values, rounded
+from facebench.tracking.tracker import failure_reason
 
 log = logging.getLogger("facebench.upload")
 
 UPLOADED_TAG = "facebench.uploaded"
-# MLflow's limits for one log_batch call.
-_BATCH = {"metrics": 1000, "params": 100, "tags": 100}
 
 
 def results_files(path: Path) -> list[Path]:
@@ -80,66 +79,13 @@ def upload(client: Any, experiment_id: str, path: Path) -> str:
         return f"{folder}: run {results.run_name} is already in MLflow; nothing added"
     if run is None and not results.epochs:
         return f"{folder}: run {results.run_name} measured no epoch ({results.status}); skipped"
-    if run is None:
-        run = client.create_run(
-            experiment_id,
-            start_time=results.start_time_ms,
-            tags={"job_id": results.job_id},
-            run_name=results.run_name,
-        )
-    run_id = run.info.run_id
-    _log_all(client, run_id, results, _logged_points(client, run))
-    _log_artifacts(client, run_id, folder, results)
-    client.set_terminated(run_id, results.status, end_time=results.end_time_ms or now_ms())
-    if run_owner.ENDED_TAG in run.data.tags:  # closed meanwhile, its owner gone: now complete
+    run_id = replay(client, experiment_id, results, folder, run)
+    # Closed meanwhile, its owner gone: now complete.
+    if run is not None and run_owner.ENDED_TAG in run.data.tags:
         client.delete_tag(run_id, run_owner.ENDED_TAG)
     client.set_tag(run_id, UPLOADED_TAG, "true")  # last: an upload cut short is done again
     how = "completed the run MLflow had begun" if found else "a new run"
     return f"{folder}: run {results.run_name} put into MLflow ({how}, {run_id})"
-
-
-def _logged_points(client: Any, run: Any) -> set[tuple[str, int]]:
-    """(metric, step) pairs a run already holds: those the job logged before MLflow failed,
-    not to be logged twice."""
-    return {
-        (key, point.step)
-        for key in run.data.metrics
-        for point in client.get_metric_history(run.info.run_id, key)
-    }
-
-
-def _log_all(client: Any, run_id: str, results: JobResults, logged: set[tuple[str, int]]) -> None:
-    """Params, tags and metrics as the job would have logged them: each epoch's at its step,
-    the job's own (summaries, shard and listing times) at step 0; none already `logged`."""
-    from mlflow.entities import Metric, Param, RunTag
-
-    when = results.end_time_ms or now_ms()
-    last_epoch = results.epochs[-1] if results.epochs else {}
-    points = [
-        (key, value, step)
-        for step, epoch in enumerate(results.epochs)
-        for key, value in epoch.items()
-    ]
-    points += [(key, value, 0) for key, value in results.metrics.items() if key not in last_epoch]
-    metrics = [
-        Metric(key, rounded(value), when, step)
-        for key, value, step in points
-        if (key, step) not in logged
-    ]
-    params = [Param(key, value) for key, value in param_values(results.params).items()]
-    tags = [RunTag(key, str(value)) for key, value in results.tags.items()]
-    for kind, items in (("params", params), ("tags", tags), ("metrics", metrics)):
-        size = _BATCH[kind]
-        for start in range(0, len(items), size):
-            client.log_batch(run_id, **{kind: items[start : start + size]})
-
-
-def _log_artifacts(client: Any, run_id: str, folder: Path, results: JobResults) -> None:
-    for path in (folder / RESULTS, folder / ".hydra" / "config.yaml"):
-        if path.is_file():
-            client.log_artifact(run_id, str(path))
-    if results.classes:
-        client.log_dict(run_id, results.classes, "classes.json")
 
 
 def _publish_sweep_views(client: Any, experiment_id: str, paths: list[Path]) -> list[str]:
@@ -172,7 +118,7 @@ def upload_all(paths: list[Path]) -> int:
     with bounded_http_retries():
         mlflow.set_tracking_uri(uri)
         client = MlflowClient(uri)
-        experiment_id = ensure_experiment(mlflow, uri, EXPERIMENT)
+        experiment_id = ensure_experiment(client, uri, EXPERIMENT)
         for path in files:
             try:
                 log.info("%s", upload(client, experiment_id, path))

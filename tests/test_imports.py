@@ -37,6 +37,7 @@ LAYERS = [
     {"measure"},
     {"tracking"},
     {"run"},
+    {"watching"},  # a user's own loop, measured where it runs: watch(loader)
     {"report"},
     {"advise"},
     {"generate", "profile", "upload"},  # commands: python -m facebench.<name>

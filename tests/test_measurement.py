@@ -9,10 +9,10 @@ import torch
 from facebench.data.synthetic import ensure_synthetic
 from facebench.host.pagecache import evict, resident_fraction, warm
 from facebench.loaders.shared import Batch
+from facebench.measure.epoch_lines import summarise
 from facebench.measure.meter import DeviceBusy, EpochMeter, EpochTimes
 from facebench.measure.order import batch_label_diversity, expected_distinct_labels, order_corr
 from facebench.run.epoch import EpochSettings, run_epoch
-from facebench.run.measurement import summarise
 from facebench.run.runner import run_training
 
 CPU = EpochSettings(torch.device("cpu"), sample_hz=0)
@@ -115,8 +115,8 @@ def test_the_default_run_has_no_steady_rate_and_its_log_line_does_not_mention_on
     # python train.py: 10 batches of 600, 5 workers x prefetch 2 = all 10 made at the start.
     import logging
 
+    from facebench.measure.epoch_lines import log_epoch
     from facebench.measure.meter import batches_for_steady
-    from facebench.run.measurement import _log_epoch
 
     default = _timed([1.5] + [0.0001] * 9, step_s=0.01, in_flight=10)
     assert not default.steady_measured
@@ -126,7 +126,7 @@ def test_the_default_run_has_no_steady_rate_and_its_log_line_does_not_mention_on
     assert not _timed([0.01] * 14, step_s=0.01, in_flight=10).steady_measured
     metrics = {**default.metrics(), "cpu_util_mean": 90.0}
     with caplog.at_level(logging.DEBUG, logger="facebench"):
-        _log_epoch(0, metrics, in_flight=10)
+        log_epoch(0, metrics, in_flight=10)
     said = {record.levelno: record.getMessage() for record in caplog.records}
     assert said[logging.INFO].startswith("epoch 0: 160 images in ")
     assert "steady" not in said[logging.INFO]
@@ -139,7 +139,7 @@ def test_the_default_run_has_no_steady_rate_and_its_log_line_does_not_mention_on
     caplog.clear()
     steady = _timed([0.01] * 20, step_s=0.01, in_flight=2)
     with caplog.at_level(logging.DEBUG, logger="facebench"):
-        _log_epoch(1, {**steady.metrics(), "cpu_util_mean": 90.0}, in_flight=2)
+        log_epoch(1, {**steady.metrics(), "cpu_util_mean": 90.0}, in_flight=2)
     [line] = caplog.messages
     assert f"images/s (steady {steady.steady_images_per_s:,.1f}); first batch" in line
 

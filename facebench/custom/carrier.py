@@ -37,9 +37,14 @@ class Carrier:
     """A collate function (the user's, or torch's default) whose time is the collate stage and
     whose batch travels with its producer's stage times and checks (`Carried`)."""
 
-    def __init__(self, collate: Callable[[Any], Any] | None, digest: bool = False) -> None:
+    def __init__(
+        self, collate: Callable[[Any], Any] | None, digest: bool = False, own_errors: bool = False
+    ) -> None:
         self.collate = collate or default_collate
         self.digest = digest  # the first batch's first sample, per worker
+        # The user's errors as they are (watch: their script sees what it would without it),
+        # else in one line of facebench's.
+        self.own_errors = own_errors
         self._first = True
         self._memory_at = 0.0
         self._memory_every = MEMORY_EVERY_S
@@ -49,6 +54,8 @@ class Carrier:
         try:
             batch = self.collate(samples)
         except Exception as error:  # the user's collate: its own message, in one line
+            if self.own_errors:
+                raise
             raise DataError(f"collate_fn raised {type(error).__name__}: {error}") from error
         stages.lap(stages.COLLATE, start)
         info = get_worker_info()

@@ -31,6 +31,11 @@ class Observed:
     per_worker: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     digests: dict[int, str] = field(default_factory=dict)
     memory: dict[int, list[int]] = field(default_factory=dict)  # worker: [first, last]
+    who: str = ""  # how the warnings name the pipeline; "": loader=<name>
+
+    @property
+    def said(self) -> str:
+        return self.who or f"loader={self.name}"
 
     def add(self, n: int, carried: Carried | None) -> None:
         self.samples += n
@@ -58,11 +63,11 @@ class Observed:
         metrics = {"custom_same_start_workers": float(copies if copies > 1 else 0)}
         if copies > 1 and self.iterable:
             log.warning(
-                "loader=%s: %d of its %d workers began with the same sample: the "
+                "%s: %d of its %d workers began with the same sample: the "
                 "IterableDataset is not split between workers, each yields all of it "
                 "(%s samples in the epoch%s). Split it in __iter__ by "
                 "torch.utils.data.get_worker_info() (PyTorch issue 29804)",
-                self.name,
+                self.said,
                 copies,
                 self.n_workers,
                 f"{self.samples:,}",
@@ -70,8 +75,8 @@ class Observed:
             )
         elif repeated > 1.0:
             log.warning(
-                "loader=%s: the epoch held %s samples, %.1f times its dataset's len() of %s",
-                self.name,
+                "%s: the epoch held %s samples, %.1f times its dataset's len() of %s",
+                self.said,
                 f"{self.samples:,}",
                 repeated,
                 f"{self.length:,}",
@@ -91,12 +96,12 @@ class Observed:
         }
         if mean >= GROWTH_WARN_BYTES:
             log.warning(
-                "loader=%s: each worker's own memory grew by %.0f MiB on average (%.0f MiB at "
+                "%s: each worker's own memory grew by %.0f MiB on average (%.0f MiB at "
                 "most) through the epoch: reads that copy the pages of Python objects the "
                 "dataset holds (lists of paths, dicts), shared with the main process until "
                 "touched (PyTorch issue 13246). Keep them in numpy arrays or one bytes "
                 "buffer; with many workers this memory multiplies",
-                self.name,
+                self.said,
                 mean / 2**20,
                 largest / 2**20,
             )

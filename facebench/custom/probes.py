@@ -9,7 +9,9 @@ loop with it.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -104,31 +106,54 @@ def timed_transform(transform: Any) -> Any:
 _TRANSFORM_ATTRIBUTES = ("transform", "target_transform", "transforms")
 
 
-def instrument(dataset: Any) -> None:
+Undo = Callable[[], None]
+
+
+def instrument(dataset: Any) -> list[Undo]:
     """Time the transforms a dataset keeps by torchvision's convention (`transform`,
-    `target_transform`, `transforms`) or a Hugging Face Dataset's `set_transform`, in place."""
+    `target_transform`, `transforms`) or a Hugging Face Dataset's `set_transform`, in place;
+    the steps that put each one back."""
+    undo: list[Undo] = []
     for attribute in _TRANSFORM_ATTRIBUTES:
         value = getattr(dataset, attribute, None)
         if callable(value) and not isinstance(value, Timed):
+            own = attribute in getattr(dataset, "__dict__", {})
             try:
                 setattr(dataset, attribute, timed_transform(value))
             except (AttributeError, TypeError):  # a read-only property: left untimed
                 continue
+            undo.append(functools.partial(_put_back, dataset, attribute, value, own))
     kwargs = getattr(dataset, "_format_kwargs", None)  # datasets.Dataset.set_transform's
     if isinstance(kwargs, dict) and callable(kwargs.get("transform")):
+        undo.append(functools.partial(kwargs.__setitem__, "transform", kwargs["transform"]))
         kwargs["transform"] = timed_transform(kwargs["transform"])
+    return undo
 
 
-def load_batch(dataset: Any, indices: list[int], batched: bool) -> list[Any]:
+def _put_back(dataset: Any, attribute: str, value: Any, own: bool) -> None:
+    """An attribute as it was: the instance's own value, or the class's (the probe removed)."""
+    if own:
+        setattr(dataset, attribute, value)
+    else:
+        with contextlib.suppress(AttributeError):
+            delattr(dataset, attribute)
+
+
+def load_batch(
+    dataset: Any, indices: list[int], batched: bool, own_errors: bool = False
+) -> list[Any]:
     """A batch's samples from a map-style dataset, through its class's `__getitems__` where it
     has one (`batched`), else one `__getitem__` each: the time outside their transforms given
     to the `load` stage, taken once for the batch (a thread's CPU clock is a system call, and a
-    system call costs its caller more than its own microsecond)."""
+    system call costs its caller more than its own microsecond). An error of the dataset's is
+    said in one line naming the samples, or, `own_errors`, raised as it is."""
     inside, start = stages.spent(stages.TRANSFORM), stages.now()
     if batched:
         try:
             out = type(dataset).__getitems__(dataset, indices)
         except Exception as error:  # the user's code: say which samples, with its own message
+            if own_errors:
+                raise
             shown = ", ".join(map(str, indices[:4])) + (", ..." if len(indices) > 4 else "")
             raise DataError(f"dataset[{shown}] raised {type(error).__name__}: {error}") from error
     else:
@@ -137,6 +162,8 @@ def load_batch(dataset: Any, indices: list[int], batched: bool) -> list[Any]:
             try:
                 out.append(getitem(dataset, index))
             except Exception as error:  # the user's code: say which sample
+                if own_errors:
+                    raise
                 raise DataError(
                     f"dataset[{index}] raised {type(error).__name__}: {error}"
                 ) from error
@@ -155,18 +182,19 @@ class TimedSamples(Dataset):
     """A map-style dataset whose samples' time is the `load` stage (outside their transforms):
     the DataLoader asks for a batch's at once (`__getitems__`)."""
 
-    def __init__(self, dataset: Any) -> None:
+    def __init__(self, dataset: Any, own_errors: bool = False) -> None:
         self.dataset = dataset
         self.batched = callable(getattr(type(dataset), "__getitems__", None))
+        self.own_errors = own_errors
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> Any:
-        return load_batch(self.dataset, [index], batched=False)[0]
+        return load_batch(self.dataset, [index], False, self.own_errors)[0]
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
-        return load_batch(self.dataset, indices, self.batched)
+        return load_batch(self.dataset, indices, self.batched, self.own_errors)
 
 
 class TimedGetItems:
@@ -174,24 +202,26 @@ class TimedGetItems:
     own DataLoader (which cannot be given another dataset): its fetcher asks for a batch's
     samples through it, timed as TimedSamples times them."""
 
-    def __init__(self, dataset: Any) -> None:
-        self.samples = TimedSamples(dataset)
+    def __init__(self, dataset: Any, own_errors: bool = False) -> None:
+        self.samples = TimedSamples(dataset, own_errors)
 
     def __call__(self, indices: list[int]) -> list[Any]:
         return self.samples.__getitems__(indices)
 
 
-def time_in_place(dataset: Any) -> None:
+def time_in_place(dataset: Any, own_errors: bool = False) -> list[Undo]:
     """Time the samples of a map-style dataset that a user's DataLoader holds, where it can be
-    (not an IterableDataset, whose iterator is the class's own; not a read-only object)."""
+    (not an IterableDataset, whose iterator is the class's own; not a read-only object); the
+    step that takes the probe off."""
     if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
-        return
+        return []
     if isinstance(getattr(dataset, "__dict__", {}).get("__getitems__"), TimedGetItems):
-        return  # the same dataset, another epoch
+        return []  # the same dataset, another epoch
     try:
-        dataset.__getitems__ = TimedGetItems(dataset)
+        dataset.__getitems__ = TimedGetItems(dataset, own_errors)
     except (AttributeError, TypeError):
-        return
+        return []
+    return [functools.partial(dataset.__dict__.pop, "__getitems__", None)]
 
 
 class TimedStream(IterableDataset):

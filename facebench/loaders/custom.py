@@ -20,9 +20,10 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from facebench.config import LoaderConfig, Workers
 from facebench.custom import target
+from facebench.custom.attach import attach
 from facebench.custom.carrier import Carrier
 from facebench.custom.checks import Observed
-from facebench.custom.probes import TimedSamples, TimedStream, instrument, time_in_place
+from facebench.custom.probes import TimedSamples, TimedStream, instrument
 from facebench.custom.target import Built, Kind
 from facebench.data.job_data import JobData
 from facebench.data.listing import Listing, Usable
@@ -163,15 +164,12 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
     observed = Observed(mine.name, ctx.n_workers, _iterable(built), built.length())
     if built.kind == Kind.batches:
         return Unwrapped(built.pipeline, observed, mine.key, mine.for_model)
-    instrument(built.dataset)
     if built.kind == Kind.loader:
         loader = built.pipeline
         observed.n_workers = loader.num_workers
-        if loader.batch_sampler is not None:  # its fetcher asks for a batch's samples at once
-            time_in_place(built.dataset)
-        if not isinstance(loader.collate_fn, Carrier):  # the same DataLoader every epoch
-            loader.collate_fn = Carrier(loader.collate_fn, digest=observed.iterable)
+        attach(loader)  # for good: the same DataLoader every epoch
         return Unwrapped(loader, observed, mine.key, mine.for_model)
+    instrument(built.dataset)
     return Unwrapped(_data_loader(ctx, mine, observed), observed, mine.key, mine.for_model)
 
 

@@ -22,13 +22,14 @@ from facebench.errors import Interrupted, TrackingLost, interruption
 from facebench.host.paths import cache_dir
 from facebench.loaders.shared import LoaderContext
 from facebench.loaders.spec import LoaderSpec
+from facebench.measure.epoch_lines import summarise
 from facebench.results import TRACKING_LOGGED, TRACKING_LOST, JobResults, now_ms
 from facebench.run import per_host
 from facebench.run.cost import say_cost
 from facebench.run.finish import batches_held
 from facebench.run.from_bucket import say_from_bucket
 from facebench.run.job import Job
-from facebench.run.measurement import measure, summarise
+from facebench.run.measurement import measure
 from facebench.storage.distance import counters, emulated, in_effect, snapshot
 from facebench.tracking.store import tracking_uri, ui_command
 from facebench.tracking.tracker import UPLOAD_COMMAND, Tracker

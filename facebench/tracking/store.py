@@ -51,23 +51,22 @@ def ui_command(uri: str) -> str:
     return "" if uri.startswith(("http://", "https://")) else f"mlflow ui --backend-store-uri {uri}"
 
 
-def ensure_experiment(mlflow: Any, uri: str, name: str = EXPERIMENT) -> str:
+def ensure_experiment(client: Any, uri: str, name: str = EXPERIMENT) -> str:
     """The experiment's id, created the first time with the tags the UI needs (the runs view
-    of every run among them)."""
-    experiment = mlflow.get_experiment_by_name(name)
+    of every run among them). `client`: an MlflowClient of the store at `uri`."""
+    experiment = client.get_experiment_by_name(name)
     if experiment is None:
         try:
-            mlflow.create_experiment(name, artifact_location=artifact_root(uri))
+            client.create_experiment(name, artifact_location=artifact_root(uri))
         except Exception:
-            if mlflow.get_experiment_by_name(name) is None:
+            if client.get_experiment_by_name(name) is None:
                 raise
             # Another job of the same sweep created it a moment ago.
-        experiment = mlflow.get_experiment_by_name(name)
+        experiment = client.get_experiment_by_name(name)
     missing = {views.EXPERIMENT_KIND_TAG, views.SHARED_VIEW_TAG + ALL_RUNS_VIEW} - set(
         experiment.tags
     )
     if missing:
-        client = mlflow.MlflowClient()
         # The tag MLflow versions before 3.17 read to open the runs table, not the GenAI view.
         client.set_experiment_tag(
             experiment.experiment_id, views.EXPERIMENT_KIND_TAG, views.TRAINING_KIND

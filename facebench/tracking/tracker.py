@@ -121,7 +121,9 @@ class Tracker:
         try:
             with store_lock(uri):
                 mlflow.set_tracking_uri(uri)
-                experiment_id = self.experiment_id = ensure_experiment(mlflow, uri, self.experiment)
+                experiment_id = self.experiment_id = ensure_experiment(
+                    mlflow.MlflowClient(), uri, self.experiment
+                )
                 _close_orphans(mlflow, experiment_id, uri)
                 if system_metrics:
                     mlflow.set_system_metrics_sampling_interval(SYSTEM_METRICS_INTERVAL_S)
