@@ -10,7 +10,8 @@ ways, in two Hydra sweeps (one process each, MLflow off): loader-only stopping a
 under AMP, beside the compute ceiling (loader=ceiling, ResNet-50), run again with CUDA's
 blocking sync to measure the host CPU a step costs both ways, which it also writes as an
 accelerator profile, conf/accelerator/measured-<gpu>.yaml (facebench/profile.py), that any machine
-can emulate. Prints a table (images/s,
+can emulate; last, a user's loop on a folder set with ResNet-18 under AMP, its loader
+watched (bench/watched_loop.py). Prints a table (images/s,
 steady images/s, gpu_busy_frac, gpu_util_mean, data_wait_frac, first batch) and writes it into
 docs/benchmarks.md with the date, GPU, CPU cores and versions (--no-write to skip). Loaders
 whose library is not installed (dali, litdata) are skipped, and the table says so.
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from common import BENCHMARKS_MD, Bench, parser, run_python, steady_cell, sweep_train
+from watched_loop import checked
 
 from facebench.host.paths import PROJECT_ROOT
 from facebench.report.tables import markdown
@@ -271,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         model = ["model=resnet50", "amp=auto"]
         lines += [host_cpu_line(ceiling, model, common, scratch)]
     lines += [write_gpu_profile(ceiling, scratch if dry else None)]
+    lines += [checked(Path(cache), args.n_images, args.workers, args.batch_size, dry, scratch)]
     title = "GPU check (dry run on a CPU: steps only, numbers mean nothing)" if dry else "GPU check"
     title += (
         f": {args.n_images:,} synthetic images, batch {args.batch_size}, n_workers {args.workers}"

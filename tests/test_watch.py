@@ -278,3 +278,105 @@ def test_the_gpu_wait_is_the_time_from_each_request_to_the_next_handover():
     assert metrics["gpu_data_wait_s"] == pytest.approx(300 * 0.010 + 0.010)
     assert metrics["gpu_busy_s"] == pytest.approx(300 * 0.005)
     assert metrics["gpu_data_wait_frac"] == pytest.approx(3.01 / 4.51)
+
+
+@pytest.mark.slow
+def test_two_ranks_under_torchrun_are_recorded_once_pooled(tmp_path, isolated_env):
+    import subprocess
+    import sys
+
+    from facebench.host.paths import PROJECT_ROOT
+
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(PROJECT_ROOT / "tests" / "watched_ddp.py"),
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        env=isolated_env,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    metrics = _results(tmp_path / "out")["epochs"][0]
+    assert metrics["world_size"] == 2 and metrics["samples_seen"] == 64  # both ranks' 32
+    assert metrics["data_wait_frac_max"] >= metrics["data_wait_frac"]
+    # Rank 0 alone says the epoch.
+    assert result.stderr.count("epoch 0:") + result.stdout.count("epoch 0:") == 1
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_event_wait_is_the_loaders_known_sleep(tmp_path):
+    """Each batch comes 40 ms after it is asked for; the step queues under a millisecond of GPU
+    work: the GPU waited about 40 ms a batch, and was busy for almost none of it."""
+    import time
+
+    def slow(n: int = 12):
+        for _ in range(n):
+            time.sleep(0.040)
+            yield torch.zeros(8, 3, 8, 8), torch.zeros(8, dtype=torch.long)
+
+    device = torch.device("cuda")
+    work = torch.zeros(1024, device=device)
+    for images, _ in watch(slow(), tracking=False, folder=tmp_path, device=device):
+        work.add_(images.to(device, non_blocking=True).mean())
+    metrics = _results(tmp_path)["epochs"][0]
+    assert 12 * 0.040 <= metrics["gpu_data_wait_s"] <= 12 * 0.040 + 0.15
+    assert metrics["gpu_busy_s"] < 0.05
+    assert metrics["gpu_data_wait_frac"] > 0.8
+
+
+@pytest.mark.slow
+def test_the_documented_example_runs_as_written(tmp_path, isolated_env):
+    """docs/watch.md's my_training.py, on a small folder set: it trains, and says what the
+    docs say it says."""
+    import re
+    import subprocess
+    import sys
+
+    from facebench.host.paths import PROJECT_ROOT
+
+    text = (PROJECT_ROOT / "docs" / "watch.md").read_text(encoding="utf-8")
+    script = re.search(r"`my_training.py`:\n\n```python\n(.*?)```", text, re.DOTALL).group(1)
+    (tmp_path / "my_training.py").write_text(script, encoding="utf-8")
+    root = write_folder(tmp_path / "images", classes=2, per_class=96)
+    result = subprocess.run(
+        [sys.executable, "my_training.py", str(root)],
+        capture_output=True,
+        text=True,
+        env=isolated_env,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = result.stderr
+    for words in ("[facebench] epoch 0:", "the loop waited for data", "ColorJitter", "MLflow run"):
+        assert words in said, said
+    assert "INFO" not in said  # MLflow's own lines stay quiet
+    assert list((tmp_path / "outputs" / "watch").glob("*/results.json"))
+
+
+@pytest.mark.parametrize("how", ["exhausted", "break"])
+def test_the_loaders_workers_are_gone_when_the_loop_ends_without_the_garbage_collector(
+    tmp_path, how
+):
+    """Nothing of watch's keeps the loader's iterator (and its worker processes) alive once the
+    loop has ended: the next epoch's workers would be forked with them."""
+    import gc
+    import multiprocessing
+
+    loader = _loader(2)
+    gc.disable()
+    try:
+        for index, _ in enumerate(watch(loader, tracking=False, folder=tmp_path)):
+            if how == "break" and index == 1:
+                break
+        assert multiprocessing.active_children() == []
+    finally:
+        gc.enable()

@@ -19,6 +19,8 @@ from torch.utils.data import DataLoader, IterableDataset
 from facebench.custom.carrier import Carrier
 from facebench.custom.probes import Undo, instrument, time_in_place
 
+# Set on a DataLoader whose persistent workers were started with a Carrier: they carry for good.
+_CARRYING = "_facebench_carrying"
 _DEPTH = 4  # datasets inside datasets (a Subset of a ConcatDataset of ImageFolders: 3)
 
 
@@ -40,7 +42,7 @@ def attach(loader: DataLoader, own_errors: bool = False) -> Attached:
     another epoch), nothing more. `own_errors`: the user's errors raised as they are."""
     if getattr(loader, "_iterator", None) is not None:  # persistent workers, already started
         return Attached(
-            reached=isinstance(loader.collate_fn, Carrier),
+            reached=getattr(loader, _CARRYING, False),
             why_not="its persistent workers were started before: they run the dataset and "
             "collate_fn they were given then (watch the loader before its first epoch)",
         )
@@ -54,6 +56,8 @@ def attach(loader: DataLoader, own_errors: bool = False) -> Attached:
         digest = isinstance(loader.dataset, IterableDataset) and loader.num_workers > 1
         loader.collate_fn = Carrier(original, digest=digest, own_errors=own_errors)
         undo.append(lambda: setattr(loader, "collate_fn", original))
+        if loader.persistent_workers:  # its workers, started now, carry for good
+            setattr(loader, _CARRYING, True)
     return Attached(reached=True, undo=undo)
 
 

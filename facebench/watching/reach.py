@@ -9,6 +9,7 @@ a persistent-workers iterator keeps it for the epochs after watch, whose workers
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
@@ -29,14 +30,20 @@ class Arrival(NamedTuple):
 
 
 class Unwrap:
-    """A DataLoader iterator's `_next_data`: the user's batch out of a Carried, which is kept."""
+    """A DataLoader iterator's `_next_data`: the user's batch out of a Carried, which is kept.
 
-    def __init__(self, next_data: Any) -> None:
-        self.next_data = next_data
+    It holds its iterator weakly, and the class's function rather than the bound method: set on
+    the iterator, a strong reference back would make a cycle that keeps the iterator, and its
+    worker processes, alive until the garbage collector finds it (the next epoch's workers
+    would be forked with it)."""
+
+    def __init__(self, iterator: Any) -> None:
+        self.next_data = type(iterator)._next_data
+        self.iterator = weakref.ref(iterator)
         self.last: Carried | None = None
 
     def __call__(self) -> Any:
-        data = self.next_data()
+        data = self.next_data(self.iterator())
         if isinstance(data, Carried):
             self.last = data
             return data.batch
@@ -96,9 +103,9 @@ def _unwrapping(iterator: Any) -> Unwrap | None:
     current = getattr(iterator, "__dict__", {}).get("_next_data")
     if isinstance(current, Unwrap):
         return current
-    if not callable(getattr(iterator, "_next_data", None)):
+    if not callable(getattr(type(iterator), "_next_data", None)):
         return None
-    unwrap = Unwrap(iterator._next_data)
+    unwrap = Unwrap(iterator)
     try:
         iterator._next_data = unwrap
     except (AttributeError, TypeError):

@@ -117,9 +117,11 @@ class Watch:
     def _end(self, how: Ending, batches: Iterator[Any], last: bool = True) -> None:
         """The epoch's clock stopped where the loop ended; said and recorded on its last."""
         try:
-            batches.close()  # the loader's iterator let go: its workers shut down, as without
+            # The clock stops first: letting go of the loader's iterator then shuts its workers
+            # down (as without watch), which may take seconds that are not the loop's.
             metrics = self._epoch.end() if self._epoch is not None else {}
             self._epoch = None
+            batches.close()
             if metrics:
                 step = len(self.record.results.epochs) + len(self._measured)
                 self.metrics = metrics
@@ -129,8 +131,8 @@ class Watch:
                 self._said_uncounted(metrics)
             if last and not (self._in_block and how is not Ending.EXHAUSTED):
                 self._finish(how)
-        except Exception:  # never into the user's loop: their own error matters more
-            log.exception("watch: the measurement could not be completed")
+        except Exception as error:  # never into the user's loop: their own error matters more
+            _failed(error)
 
     def _said_uncounted(self, metrics: dict[str, float]) -> None:
         if metrics.get("samples_seen", 0) == 0:
@@ -141,7 +143,14 @@ class Watch:
             )
 
     def _finish(self, how: Ending) -> None:
-        """The watch's epochs so far pooled over ranks, said and recorded with `how`'s status."""
+        """The watch's epochs so far pooled over ranks, said and recorded with `how`'s status;
+        never raises."""
+        try:
+            self._recorded(how)
+        except Exception as error:
+            _failed(error)
+
+    def _recorded(self, how: Ending) -> None:
         self.reach.detach()
         self._interrupts.uninstall()
         measured, self._measured = self._measured, []
@@ -200,6 +209,12 @@ def watch(
     (the current CUDA device where CUDA is in use, else the CPU).
     """
     return Watch(loader, epochs, experiment, run_name, tracking, folder, batch_size_from, device)
+
+
+def _failed(error: Exception) -> None:
+    """A failure of watch's own, in one line (its traceback at DEBUG): the script goes on."""
+    log.error("watch: the measurement could not be completed: %s: %s", type(error).__name__, error)
+    log.debug("watch's failure", exc_info=error)
 
 
 def _device(device: torch.device | str | None) -> torch.device:
