@@ -196,10 +196,11 @@ def test_several_epochs_one_run(tmp_path, store):
     assert sorted(point.step for point in history) == [0, 1, 2, 3]
 
 
-def test_the_loader_is_as_it_was_after_watch(tmp_path):
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_the_loader_is_as_it_was_after_watch(tmp_path, epochs):
     loader = _loader(1)
     collate, transform = loader.collate_fn, loader.dataset.transform
-    for _ in watch(loader, tracking=False, folder=tmp_path):
+    for _ in watch(loader, epochs=epochs, tracking=False, folder=tmp_path):
         pass
     assert loader.collate_fn is collate and loader.dataset.transform is transform
     assert "__getitems__" not in vars(loader.dataset)
@@ -274,6 +275,8 @@ def test_the_gpu_wait_is_the_time_from_each_request_to_the_next_handover():
         clock[0] += 0.005
         gpu.request()
     clock[0] += 0.010  # the loader's end
+    gpu.stop()
+    clock[0] += 0.500  # the clock's own work after the end: none of the GPU's
     metrics = gpu.metrics()
     assert metrics["gpu_data_wait_s"] == pytest.approx(300 * 0.010 + 0.010)
     assert metrics["gpu_busy_s"] == pytest.approx(300 * 0.005)
@@ -380,3 +383,91 @@ def test_the_loaders_workers_are_gone_when_the_loop_ends_without_the_garbage_col
         assert multiprocessing.active_children() == []
     finally:
         gc.enable()
+
+
+def test_a_break_through_a_wrapping_generator_is_a_break(tmp_path):
+    def wrapped(batches):  # as tqdm wraps an iterable
+        yield from batches
+
+    for index, _ in enumerate(wrapped(watch(_loader(), tracking=False, folder=tmp_path))):
+        if index == 2:
+            break
+    assert _results(tmp_path)["status"] == "FINISHED"
+    with pytest.raises(ZeroDivisionError):
+        for _ in wrapped(watch(_loader(), tracking=False, folder=tmp_path)):
+            raise ZeroDivisionError
+    assert _results(tmp_path)["status"] == "FAILED"
+
+
+def test_watches_that_end_in_any_order_put_the_scripts_sigint_handler_back(tmp_path):
+    first, second = _loader(), _loader()
+    for _ in zip(
+        watch(first, tracking=False, folder=tmp_path / "a"),
+        watch(second, tracking=False, folder=tmp_path / "b"),
+        strict=False,
+    ):
+        pass
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+class _WithSetter(Squares):
+    """A transform kept behind a property with a setter."""
+
+    @property
+    def transform(self):
+        return self._transform
+
+    @transform.setter
+    def transform(self, value):
+        self._transform = value
+
+
+def test_a_transform_behind_a_property_is_put_back(tmp_path):
+    loader = _loader(dataset=_WithSetter())
+    transform = loader.dataset.transform
+    for _ in watch(loader, tracking=False, folder=tmp_path):
+        pass
+    assert loader.dataset.transform is transform
+
+
+def test_a_watch_that_cannot_start_passes_the_batches_on_in_one_line(tmp_path, caplog):
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine where CUDA cannot start")
+    with caplog.at_level(logging.INFO, logger="facebench"):
+        seen = list(watch(_loader(), tracking=False, folder=tmp_path, device="cuda"))
+    assert len(seen) == 10
+    failed = [r for r in caplog.records if "could not be completed" in r.getMessage()]
+    assert len(failed) == 1 and "\n" not in failed[0].getMessage()
+
+
+class _SlowToLetGo:
+    """An iterable whose iterator takes a second to shut down, as a DataLoader's workers may."""
+
+    def __iter__(self):
+        return _SlowIterator()
+
+
+class _SlowIterator:
+    def __iter__(self):
+        return self
+
+    def __init__(self) -> None:
+        self.left = 5
+
+    def __next__(self):
+        if not self.left:
+            raise StopIteration
+        self.left -= 1
+        return torch.zeros(2, 3)
+
+    def __del__(self):
+        import time
+
+        time.sleep(1.0)
+
+
+def test_the_clock_stops_where_the_loop_ended_not_after_the_loader_shut_down(tmp_path):
+    for index, _ in enumerate(watch(_SlowToLetGo(), tracking=False, folder=tmp_path)):
+        if index == 1:
+            break
+    assert _results(tmp_path)["epochs"][0]["epoch_time_s"] < 0.5

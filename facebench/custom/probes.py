@@ -117,7 +117,10 @@ def instrument(dataset: Any) -> list[Undo]:
     for attribute in _TRANSFORM_ATTRIBUTES:
         value = getattr(dataset, attribute, None)
         if callable(value) and not isinstance(value, Timed):
-            own = attribute in getattr(dataset, "__dict__", {})
+            # The instance's own value, or a property's: put back by setting it.
+            own = attribute in getattr(dataset, "__dict__", {}) or hasattr(
+                getattr(type(dataset), attribute, None), "__set__"
+            )
             try:
                 setattr(dataset, attribute, timed_transform(value))
             except (AttributeError, TypeError):  # a read-only property: left untimed

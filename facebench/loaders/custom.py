@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from facebench.config import LoaderConfig, Workers
 from facebench.custom import target
-from facebench.custom.attach import attach
+from facebench.custom.attach import attach, nested
 from facebench.custom.carrier import Carrier
 from facebench.custom.checks import Observed
 from facebench.custom.probes import TimedSamples, TimedStream, instrument
@@ -169,7 +169,8 @@ def build(ctx: LoaderContext) -> Iterable[Batch]:
         observed.n_workers = loader.num_workers
         attach(loader)  # for good: the same DataLoader every epoch
         return Unwrapped(loader, observed, mine.key, mine.for_model)
-    instrument(built.dataset)
+    for dataset in nested(built.dataset):  # a Subset's or ConcatDataset's transforms too
+        instrument(dataset)
     return Unwrapped(_data_loader(ctx, mine, observed), observed, mine.key, mine.for_model)
 
 

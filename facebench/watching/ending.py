@@ -3,15 +3,17 @@ by a `break` (FINISHED, with what it saw), by the user's exception (FAILED), by 
 
 A `for` loop that stops early closes its iterator, and Python tells the iterator nothing more:
 whether a `break` or an exception left the loop is read from the loop's frame, whose last
-instruction is the one that popped the iterator (POP_TOP) after a `break` or a `return`, and the
-one that raised otherwise. Ctrl-C is told apart from other exceptions by the SIGINT that came
-just before, noted by a handler that then does what the one it replaced did. `with watch(...)`
-hands the exception to `__exit__` and needs neither.
+instruction is the one that let the iterator go (POP_TOP after a `break` or a `return` in the
+loop; a name rebound) and the one that raised otherwise. Ctrl-C is told apart from other
+exceptions by the SIGINT that came just before, noted by a handler that then does what the one
+it replaced did. `with watch(...)` hands the exception to `__exit__` and needs neither: it is
+exact where the iterator is kept and let go elsewhere (a function that returns with it).
 """
 
 from __future__ import annotations
 
 import dis
+import inspect
 import signal
 import sys
 import threading
@@ -20,7 +22,19 @@ from enum import Enum
 from types import FrameType
 from typing import Any
 
-_LEFT = {"POP_TOP"}  # a break, a return: the loop popped its iterator
+# Where the iterator was let go without an exception: the loop popped it (a break, a return),
+# a function returned, a name was rebound or deleted.
+_LET_GO = {
+    "POP_TOP",
+    "RETURN_VALUE",
+    "STORE_FAST",
+    "STORE_NAME",
+    "STORE_GLOBAL",
+    "DELETE_FAST",
+    "DELETE_NAME",
+    "DELETE_GLOBAL",
+}
+_FRAMES_LOOKED_AT = 4
 # A SIGINT this recent is what raised in the loop (KeyboardInterrupt as it arrives).
 _SIGINT_WITHIN_S = 5.0
 
@@ -59,28 +73,40 @@ def of_error(error: BaseException | None) -> Ending:
 
 
 def of_closed_loop(frame: FrameType | None, interrupts: Interrupts) -> Ending:
-    """The ending of a loop that closed its iterator early, from the frame that closed it."""
-    if frame is None:
-        return Ending.LEFT
+    """The ending of a loop that closed its iterator early, from the frame that closed it: a
+    generator that wraps the iterator (tqdm's), closing as it is let go, passes the question to
+    the frame that let it go."""
     if interrupts.recent():
         return Ending.KILLED
-    try:
-        opcode = frame.f_code.co_code[frame.f_lasti]
-    except (AttributeError, IndexError):  # not CPython's frames: said as a break
-        return Ending.LEFT
-    return Ending.LEFT if dis.opname[opcode] in _LEFT else Ending.FAILED
+    for _ in range(_FRAMES_LOOKED_AT):
+        if frame is None:
+            break
+        try:
+            name = dis.opname[frame.f_code.co_code[frame.f_lasti]]
+        except (AttributeError, IndexError):  # not CPython's frames: said as a break
+            return Ending.LEFT
+        if name in _LET_GO:
+            return Ending.LEFT
+        if not frame.f_code.co_flags & inspect.CO_GENERATOR:
+            return Ending.FAILED  # the instruction that raised
+        frame = frame.f_back
+    return Ending.LEFT
 
 
 class Interrupts:
-    """Notes each SIGINT while a loop is watched, then hands it to the handler it replaced
-    (Python's own raises KeyboardInterrupt): the user's script behaves as without it."""
+    """Notes each SIGINT while any loop is watched, then hands it to the handler it replaced
+    (Python's own raises KeyboardInterrupt): the user's script behaves as without it. One for
+    the process (INTERRUPTS), installed while at least one watch is iterated, so that watches
+    that end in any order put the script's handler back."""
 
     def __init__(self) -> None:
         self._previous: Any = None
         self._at = 0.0
+        self._users = 0
         self._installed = False
 
     def install(self) -> None:
+        self._users += 1
         if self._installed or threading.current_thread() is not threading.main_thread():
             return
         previous = signal.getsignal(signal.SIGINT)
@@ -98,13 +124,18 @@ class Interrupts:
         return self._at > 0 and time.monotonic() - self._at < _SIGINT_WITHIN_S
 
     def uninstall(self) -> None:
-        """The replaced handler back, unless the script has set another meanwhile."""
-        if not self._installed:
+        """Once no watch is iterated: the replaced handler back, unless the script has set
+        another meanwhile."""
+        self._users = max(0, self._users - 1)
+        if self._users or not self._installed:
             return
         self._installed = False
         main = threading.current_thread() is threading.main_thread()
         if main and signal.getsignal(signal.SIGINT) == self._noted:
             signal.signal(signal.SIGINT, self._previous)
+
+
+INTERRUPTS = Interrupts()
 
 
 def uncaught() -> Ending | None:

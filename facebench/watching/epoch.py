@@ -82,6 +82,7 @@ class WatchedEpoch:
             return {}
         self._ended = True
         try:
+            self.gpu.stop()  # the GPU's end, as the loop's: before the clock's own work
             times = self.meter.stop()
             self.timeline.close(self.meter.ended_at, "step")
             metrics = {**times.metrics(), **self.monitor.stop(self.meter.ended_at)}

@@ -66,12 +66,17 @@ class GpuWait:
             wait = not wait
         self._events, self._wait_next = [events[-1]], wait
 
+    def stop(self) -> None:
+        """The epoch's end: after the last request, the loader's end was a wait too."""
+        if self.enabled and self._first is not None:
+            self._record()
+
     def metrics(self) -> dict[str, float]:
-        """Once the device has been synchronized (the epoch's clock stopped): the GPU's time
-        waiting for data and stepping, as gpu_data_wait_s and gpu_busy_s and their shares."""
+        """After `stop`, once the device has been synchronized (the epoch's clock stopped): the
+        GPU's time waiting for data and stepping, as gpu_data_wait_s and gpu_busy_s and their
+        shares."""
         if not self.enabled or self._first is None:
             return {}
-        self._record()  # the end: after the last request, the loader's end was a wait too
         self._events[-1].synchronize()
         self._fold()
         total_ms = self._first.elapsed_time(self._events[-1])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -48,9 +49,11 @@ def pooled(
         store.set(f"{_PREFIX}/{key}/{rank}", json.dumps(epochs))
         return None
     per_rank = [epochs]
+    deadline = time.monotonic() + wait_s  # one wait for them all, however many are missing
     for other in range(1, size):
+        left = max(0.1, deadline - time.monotonic())
         try:
-            store.wait([f"{_PREFIX}/{key}/{other}"], timedelta(seconds=wait_s))
+            store.wait([f"{_PREFIX}/{key}/{other}"], timedelta(seconds=left))
             per_rank.append(json.loads(store.get(f"{_PREFIX}/{key}/{other}")))
         except Exception:  # torch raises a plain RuntimeError (or DistStoreError) on timeout
             log.warning(
@@ -64,6 +67,9 @@ def pooled(
 
 def _merged(per_rank: list[list[dict[str, float]]]) -> list[dict[str, float]]:
     """Each epoch's metrics over the ranks that measured it."""
+    per_rank = [epochs for epochs in per_rank if epochs]  # a rank that measured nothing
+    if not per_rank:
+        return []
     n_epochs = min(len(epochs) for epochs in per_rank)
     merged = []
     for step in range(n_epochs):

@@ -78,6 +78,8 @@ class Reach:
         """Probes on; why the workers cannot be reached, or ""."""
         if self.loader is None:
             return "it is not a DataLoader: its batches are timed as they arrive"
+        if self._attached is not None:  # the watch's next epoch: on already
+            return ""
         self._attached = attach(self.loader, own_errors=True)
         return "" if self._attached.reached else self._attached.why_not
 
@@ -91,7 +93,9 @@ class Reach:
         iterator = iter(self.iterable)
         unwrap = _unwrapping(iterator)
         for data in iterator:
-            carried = unwrap.last if unwrap is not None else None
+            carried = None
+            if unwrap is not None:  # taken, not kept: the batch is the loop's to let go
+                carried, unwrap.last = unwrap.last, None
             if carried is None and isinstance(data, Carried):  # an iterator of another kind
                 carried, data = data, data.batch
             yield Arrival(data, carried.stages if carried else None, carried)

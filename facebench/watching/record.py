@@ -10,9 +10,11 @@ its own. A store that cannot take it costs the script one line; results.json kee
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -82,13 +84,15 @@ class Record:
             results.tracking = TRACKING_LOST
             results.tracking_error = failure_reason(error)
             results.write(self.folder)
+            store = "" if uri == tracking_uri() else f"MLFLOW_TRACKING_URI={uri} "
             log.warning(
                 "watch: MLflow store %s did not take run %s (%s); everything it measured is "
-                "in %s. Once the store answers: %s %s",
+                "in %s. Once the store answers: %s%s %s",
                 uri,
                 results.run_name,
                 _reason(error),
                 path,
+                store,
                 UPLOAD_COMMAND,
                 self.folder,
             )
@@ -126,6 +130,33 @@ class Record:
             experiment_id = ensure_experiment(client, uri, self.experiment or EXPERIMENT)
         run = client.get_run(self.results.run_id) if self.results.run_id else None
         return replay(client, experiment_id, self.results, self.folder, run, True)
+
+
+# The record of each loader watched in this process: a new watch of the same loader (one per
+# epoch) adds its epochs to the same run.
+_RECORDS: weakref.WeakKeyDictionary[Any, Record] = weakref.WeakKeyDictionary()
+
+
+def record_for(
+    loader: Any,
+    run_name: str | None,
+    experiment: str | None,
+    tracking: bool,
+    folder: str | Path | None,
+    settings: dict[str, Any],
+) -> Record:
+    """The loader's record where it was watched before (under the same run name, which keeps
+    the first watch's folder and tracking), else a new one."""
+    try:
+        found = _RECORDS.get(loader)
+    except TypeError:  # not weakly referable (a list): a run of its own each time
+        found = None
+    if found is not None and run_name in (None, found.results.run_name):
+        return found
+    record = new_record(loader, run_name, experiment, tracking, folder, settings)
+    with contextlib.suppress(TypeError):  # not weakly referable
+        _RECORDS[loader] = record
+    return record
 
 
 def new_record(

@@ -16,7 +16,6 @@ own raises into the loop: what it cannot measure it says in one line.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import itertools
 import logging
 import sys
@@ -27,19 +26,17 @@ from typing import Any
 
 import torch
 
+from facebench import stages
 from facebench.custom.checks import Observed
-from facebench.watching.ending import Ending, Interrupts, of_closed_loop, of_error, uncaught
+from facebench.watching.ending import INTERRUPTS, Ending, of_closed_loop, of_error, uncaught
 from facebench.watching.epoch import WatchedEpoch
 from facebench.watching.ranks import pooled, rank_and_size
 from facebench.watching.reach import Reach
-from facebench.watching.record import Record, new_record
+from facebench.watching.record import record_for
 from facebench.watching.summary import ensure_console, headline, next_command, say_epoch
 
 log = logging.getLogger("facebench.watch")
 
-# The record of each loader watched in this process: a new watch of the same loader (one per
-# epoch) adds its epochs to the same run.
-_RECORDS: weakref.WeakKeyDictionary[Any, Record] = weakref.WeakKeyDictionary()
 _ENDS = itertools.count()  # watches ended in this process: every rank counts alike
 
 
@@ -66,9 +63,16 @@ class Watch:
         self.reach = Reach(loader)
         ensure_console()
         self.rank, self.world_size = rank_and_size()
-        self.record = _record_of(loader, run_name, experiment, tracking, folder, self)
+        settings = {
+            "epochs": self.epochs,
+            "device": str(self.device),
+            "world_size": self.world_size,
+        }
+        # Only rank 0 records in MLflow.
+        self.record = record_for(
+            loader, run_name, experiment, tracking and self.rank == 0, folder, settings
+        )
         self.metrics: dict[str, float] = {}  # the last epoch's, once it ended
-        self._interrupts = Interrupts()
         self._epoch: WatchedEpoch | None = None
         self._measured: list[dict[str, float]] = []  # epochs not yet recorded
         # The loop's iterator, held weakly: a loop that lets go of it (a break) closes it at
@@ -85,13 +89,19 @@ class Watch:
 
     def _batches(self) -> Iterator[Any]:
         self._told = None
-        self._interrupts.install()
+        INTERRUPTS.install()
         for index in range(self.epochs):
             batches = self._begin()
+            if batches is None:  # watch could not start: the loader's batches, unmeasured
+                yield from self.loader
+                continue
             try:
-                yield from batches
+                # Not `yield from`: that would close the epoch's batches (and shut the workers
+                # down) before the clock could stop where the loop ended.
+                for batch in batches:  # noqa: UP028
+                    yield batch
             except GeneratorExit:  # the loop stopped asking: a break, an exception, close()
-                told = self._told or of_closed_loop(sys._getframe(1), self._interrupts)
+                told = self._told or of_closed_loop(sys._getframe(1), INTERRUPTS)
                 self._end(told, batches)
                 return
             except BaseException as error:  # from the loader itself: the user's, unchanged
@@ -99,7 +109,20 @@ class Watch:
                 raise
             self._end(Ending.EXHAUSTED, batches, last=index == self.epochs - 1)
 
-    def _begin(self) -> Iterator[Any]:
+    def __len__(self) -> int:
+        """Batches in all its epochs, where the loader has a length (for a progress bar)."""
+        return len(self.loader) * self.epochs  # type: ignore[arg-type]
+
+    def _begin(self) -> Iterator[Any] | None:
+        """The epoch started, its batches; None, said in one line, where watch cannot start."""
+        try:
+            return self._started()
+        except Exception as error:
+            _failed(error)
+            self._finish(Ending.CLOSED)  # the probes off, the interrupts handler back
+            return None
+
+    def _started(self) -> Iterator[Any]:
         why_not = self.reach.attach()
         if why_not and not self._measured and not self.record.results.epochs:
             log.info("watch: inside the workers not measured: %s", why_not)
@@ -120,8 +143,13 @@ class Watch:
             # The clock stops first: letting go of the loader's iterator then shuts its workers
             # down (as without watch), which may take seconds that are not the loop's.
             metrics = self._epoch.end() if self._epoch is not None else {}
+        except Exception as error:
+            _failed(error)
+            metrics = {}
+        finally:
             self._epoch = None
             batches.close()
+        try:
             if metrics:
                 step = len(self.record.results.epochs) + len(self._measured)
                 self.metrics = metrics
@@ -152,17 +180,20 @@ class Watch:
 
     def _recorded(self, how: Ending) -> None:
         self.reach.detach()
-        self._interrupts.uninstall()
+        INTERRUPTS.uninstall()
         measured, self._measured = self._measured, []
-        if not measured:
-            if self.rank == 0:
-                log.warning("watch: the loader yielded no batch (%s): nothing measured", how.said)
-            return
+        # Every rank hands its epochs to rank 0, none included: the ranks' n-th watches meet.
         epochs = pooled(measured, str(next(_ENDS)))
         if epochs is None:  # another rank's: rank 0 records the job
             return
+        if not epochs:
+            log.warning("watch: the loader yielded no batch (%s): nothing measured", how.said)
+            return
         self.record.add(epochs, how.status)
         last = epochs[-1]
+        label = stages.dominant_label(last)
+        if label:  # the runs table's column, as train.py's runs have it
+            self.record.results.tags["dominant_stage"] = label
         log.info("watch (%s): %s", how.said, headline(last))
         said = next_command(self.loader)
         if said:
@@ -231,35 +262,6 @@ def _length(loader: Any) -> int | None:
         return len(dataset) if dataset is not None else None
     except TypeError:
         return None
-
-
-def _record_of(
-    loader: Any,
-    run_name: str | None,
-    experiment: str | None,
-    tracking: bool,
-    folder: str | Path | None,
-    watched: Watch,
-) -> Record:
-    """The loader's record where it was watched before (under the same run name), else a new
-    one; only rank 0 records in MLflow."""
-    try:
-        found = _RECORDS.get(loader)
-    except TypeError:  # not weakly referable (a list): a run of its own each time
-        found = None
-    if found is not None and run_name in (None, found.results.run_name):
-        return found
-    record = new_record(
-        loader,
-        run_name,
-        experiment,
-        tracking and watched.rank == 0,
-        folder,
-        {"epochs": watched.epochs, "device": str(watched.device), "world_size": watched.world_size},
-    )
-    with contextlib.suppress(TypeError):  # not weakly referable
-        _RECORDS[loader] = record
-    return record
 
 
 def _close_at_exit(watched: Watch) -> None:
