@@ -107,6 +107,8 @@ class Interrupts:
 
     def install(self) -> None:
         self._users += 1
+        if self._users == 1:  # a SIGINT from before any of the watches now begun is not theirs
+            self._at = 0.0
         if self._installed or threading.current_thread() is not threading.main_thread():
             return
         previous = signal.getsignal(signal.SIGINT)
