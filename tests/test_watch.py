@@ -57,6 +57,15 @@ def store(tmp_path, empty_store, monkeypatch) -> str:
     return uri
 
 
+@pytest.fixture
+def pythons_sigint():
+    """Python's own SIGINT handler (KeyboardInterrupt), whatever an earlier test in this process
+    left installed; the earlier one back afterwards."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def _results(folder: Path) -> dict:
     return json.loads((folder / "results.json").read_text())
 
@@ -118,7 +127,9 @@ def _ended(tmp_path, how: str, store: str) -> dict:
         ("ctrl-c", "KILLED", 3),
     ],
 )
-def test_every_way_a_loop_ends_is_recorded_with_its_status(tmp_path, store, how, status, batches):
+def test_every_way_a_loop_ends_is_recorded_with_its_status(
+    tmp_path, store, pythons_sigint, how, status, batches
+):
     if how == "raise":
         with pytest.raises(ValueError, match="the user's own") as raised:
             _ended(tmp_path, how, store)
@@ -399,7 +410,9 @@ def test_a_break_through_a_wrapping_generator_is_a_break(tmp_path):
     assert _results(tmp_path)["status"] == "FAILED"
 
 
-def test_watches_that_end_in_any_order_put_the_scripts_sigint_handler_back(tmp_path):
+def test_watches_that_end_in_any_order_put_the_scripts_sigint_handler_back(
+    tmp_path, pythons_sigint
+):
     first, second = _loader(), _loader()
     for _ in zip(
         watch(first, tracking=False, folder=tmp_path / "a"),
