@@ -4,6 +4,7 @@ the loader as it was afterwards, an IterableDataset and a plain generator."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -48,13 +49,26 @@ def _loader(n_workers: int = 0, **kwargs) -> DataLoader:
 
 
 @pytest.fixture
-def store(tmp_path, empty_store, monkeypatch) -> str:
+def store(tmp_path, empty_store, monkeypatch):
     """A private MLflow store for the watched runs (and the script's own)."""
     shutil.copyfile(empty_store, tmp_path / "mlflow.db")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.chdir(tmp_path)
-    return uri
+    with _tracking_at(f"sqlite:///{tmp_path / 'mlflow.db'}", monkeypatch) as uri:
+        yield uri
+
+
+@contextlib.contextmanager
+def _tracking_at(uri: str, monkeypatch):
+    """MLflow's store `uri`, as the environment and as the process's own setting: an earlier
+    test in this process (a train.py job run in it) may have set another, which a script's
+    setting is, and watch follows it."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    before = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield uri
+    finally:
+        mlflow.set_tracking_uri(before)
 
 
 @pytest.fixture
@@ -183,8 +197,10 @@ def test_a_store_that_does_not_answer_costs_one_line_and_keeps_everything(
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
-    with caplog.at_level(logging.INFO, logger="facebench"):
+    with (
+        _tracking_at(f"http://127.0.0.1:{port}", monkeypatch),
+        caplog.at_level(logging.INFO, logger="facebench"),
+    ):
         seen = sum(1 for _ in watch(_loader(), folder=tmp_path))
     assert seen == 10  # the script went on
     results = _results(tmp_path)
